@@ -103,7 +103,6 @@ def main(argv=None):
           + ', '.join(f'{k} {cut[k]}/{len(tokens[k])}' for k in tokens))
     labels = [ls for _, ls in train]
     dev_gold, test_gold = [ls for _, ls in splits['dev']], [ls for _, ls in splits['test']]
-    label_counts = np.bincount([v for ls in labels for v in ls], minlength=len(hierarchy)).tolist()
 
     opt = torch.optim.Adam(model.parameters(), lr=args.lr, fused=device.type == 'cuda')
     fp16 = device.type == 'cuda' and not torch.cuda.is_bf16_supported()
@@ -126,7 +125,7 @@ def main(argv=None):
         with open(metrics_path) as f:
             history = [json.loads(line) for line in f if line.strip()]
         history = [h for h in history if h['epoch'] < state['epoch']]
-    info = {'args': vars(args), 'label_counts': label_counts}
+    info = {'args': vars(args)}
     multiple = lhmix.pad_multiple(device)
     mlm_rate = 0.0 if args.no_mlm or args.arch == 'bert' else MLM_RATE
 

@@ -1,0 +1,198 @@
+"""Evaluate a checkpoint (or a file of predictions), or summarise many runs.
+
+    python evaluate.py --ckpt out/wos-prompt-lhmix-s0/best --data wos [--split test] [--out FILE]
+    python evaluate.py --predictions preds.jsonl --data wos          # score predictions instead
+    python evaluate.py --summary out/*/                               # mean +- sd per setting, Welch's t-test
+
+Prints micro/macro-F1 (HiAGM convention: macro over ALL labels), per-depth F1 and macro-F1 by
+label-frequency quartile (the paper's Fig. 6 analysis) and writes them as JSON with --out.
+A prediction file has one JSON object a line, {"labels": [label, ...]}, in the split's order.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+import lhmix
+from lhmix import f1_scores  # noqa: F401  (the F1 of this script; it lives in lhmix.py for train.py too)
+
+
+def report(pred, gold, hierarchy, train_labels):
+    """Overall, per-depth and label-frequency-quartile F1 of (N, V) bool predictions."""
+    V = len(hierarchy)
+    out = {k: v for k, v in f1_scores(pred, gold, V).items() if k != 'per_label_f1'}
+    out['per_depth'] = {}
+    for d, labels in enumerate(hierarchy.by_depth, 1):
+        f = f1_scores(pred, gold, V, labels)
+        out['per_depth'][d] = {'labels': len(labels), 'micro_f1': f['micro_f1'], 'macro_f1': f['macro_f1']}
+    counts = np.bincount([v for ls in train_labels for v in ls], minlength=V)
+    order = np.argsort(counts, kind='stable')  # rarest first
+    out['by_frequency'] = []
+    for q, labels in enumerate(np.array_split(order, 4), 1):
+        f = f1_scores(pred, gold, V, labels)
+        out['by_frequency'].append({'quartile': q, 'labels': len(labels), 'train_docs_min': int(counts[labels].min()),
+                                    'train_docs_max': int(counts[labels].max()), 'macro_f1': f['macro_f1'],
+                                    'micro_f1': f['micro_f1']})
+    return out
+
+
+def read_predictions(path, hierarchy, n):
+    pred = np.zeros((n, len(hierarchy)), dtype=bool)
+    with open(path, encoding='utf-8') as f:
+        lines = [line for line in f if line.strip()]
+    if len(lines) != n:
+        raise ValueError(f'{path}: {len(lines)} predictions for {n} documents')
+    for i, line in enumerate(lines):
+        try:
+            labels = json.loads(line)['labels']
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise ValueError(f'{path}:{i + 1}: expected {{"labels": [...]}}') from None
+        for v in labels:
+            if v not in hierarchy.index:
+                raise ValueError(f'{path}:{i + 1}: label {v!r} is not in the hierarchy')
+            pred[i, hierarchy.index[v]] = True
+    return pred
+
+
+# -----------------------------------------------------------------------------
+# Summaries over runs: mean +- sd per setting and Welch's t-test (the paper's appendix)
+
+
+def betainc(a, b, x):
+    """Regularised incomplete beta I_x(a, b) by its continued fraction (Lentz's method)."""
+    if x <= 0 or x >= 1:
+        return float(x >= 1)
+    if x > (a + 1) / (a + b + 2):  # the fraction converges fast on this side only
+        return 1.0 - betainc(b, a, 1 - x)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
+    tiny, f, c, d = 1e-300, 1.0, 1.0, 0.0
+    for i in range(400):
+        m = i // 2
+        if i == 0:
+            num = 1.0
+        elif i % 2:
+            num = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
+        else:
+            num = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+        d = 1.0 + num * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + num / c
+        c = c if abs(c) > tiny else tiny
+        f *= c * d
+        if abs(1.0 - c * d) < 1e-15:
+            break
+    return front * (f - 1.0)
+
+
+def t_test_p(t, df):
+    """Two-sided p-value of Student's t with df degrees of freedom: I_{df/(df+t^2)}(df/2, 1/2)."""
+    return betainc(df / 2, 0.5, df / (df + t * t))
+
+
+def welch(x, y):
+    """Welch's unequal-variance t-test: (t, df, two-sided p)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    vx, vy = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+    if vx + vy == 0:
+        return 0.0, float('nan'), 1.0 if x.mean() == y.mean() else 0.0
+    t = (x.mean() - y.mean()) / math.sqrt(vx + vy)
+    df = (vx + vy) ** 2 / (vx ** 2 / (len(x) - 1) + vy ** 2 / (len(y) - 1))
+    return t, df, t_test_p(t, df)
+
+
+def summary(run_dirs):
+    """Groups runs by their arguments (all but seed and output), prints mean +- sd of test F1 per
+    group and Welch's p-value of each group against the first one."""
+    groups = {}
+    for run in run_dirs:
+        metrics, meta = os.path.join(run, 'test_metrics.json'), os.path.join(run, 'best', 'lhmix.json')
+        if not (os.path.exists(metrics) and os.path.exists(meta)):
+            raise FileNotFoundError(f'{run!r}: no test_metrics.json or best/lhmix.json (did the run finish?)')
+        with open(meta) as f:
+            args = json.load(f)['args']
+        with open(metrics) as f:
+            m = json.load(f)
+        key = tuple(sorted((k, v) for k, v in args.items() if k not in ('seed', 'out', 'resume', 'device', 'data_dir')))
+        groups.setdefault(key, []).append((m['micro_f1'], m['macro_f1']))
+    varying = sorted({k for key in groups for k, v in key if len({dict(g)[k] for g in groups}) > 1})
+    rows, first = [], None
+    for key, vals in groups.items():
+        a = 100 * np.array(vals)
+        name = ' '.join(f'{k}={dict(key)[k]}' for k in varying) or 'all runs'
+        row = {'setting': name, 'runs': len(a), 'micro_mean': a[:, 0].mean(), 'micro_sd': a[:, 0].std(ddof=1) if len(a) > 1 else 0.0,
+               'macro_mean': a[:, 1].mean(), 'macro_sd': a[:, 1].std(ddof=1) if len(a) > 1 else 0.0}
+        if first is None:
+            first = a
+        elif len(a) > 1 and len(first) > 1:
+            row['p_micro'], row['p_macro'] = welch(a[:, 0], first[:, 0])[2], welch(a[:, 1], first[:, 1])[2]
+        rows.append(row)
+    print(f"{'setting':<50} {'n':>2}  {'micro-F1':>13}  {'macro-F1':>13}  p vs first (micro, macro)")
+    for r in rows:
+        p = f"{r['p_micro']:.3g}, {r['p_macro']:.3g}" if 'p_micro' in r else ''
+        print(f"{r['setting']:<50} {r['runs']:>2}  {r['micro_mean']:6.2f} ± {r['micro_sd']:4.2f}  "
+              f"{r['macro_mean']:6.2f} ± {r['macro_sd']:4.2f}  {p}")
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--ckpt', help='a checkpoint folder written by train.py (OUT/best)')
+    p.add_argument('--predictions', help='score this prediction file instead of a checkpoint')
+    p.add_argument('--data', help='wos | nyt | rcv1 | demo | PATH (as for train.py)')
+    p.add_argument('--data-dir')
+    p.add_argument('--split', default='test', choices=['train', 'dev', 'test'])
+    p.add_argument('--out', help='write the figures here as JSON')
+    p.add_argument('--save-predictions', help="write the checkpoint's predictions here (JSONL)")
+    p.add_argument('--summary', nargs='+', metavar='RUN_DIR', help='summarise finished train.py runs')
+    p.add_argument('--device', help='cuda or cpu (default: cuda when there is one)')
+    args = p.parse_args(argv)
+    if args.summary:
+        try:
+            summary(args.summary)
+        except (ValueError, FileNotFoundError) as e:
+            sys.exit(f'error: {e}')
+        return
+    if not args.data or bool(args.ckpt) == bool(args.predictions):
+        p.error('give --data and one of --ckpt or --predictions (or --summary RUN_DIR...)')
+    device = torch.device(args.device or ('cuda' if torch.cuda.is_available() else 'cpu'))
+    if device.type == 'cuda' and not torch.cuda.is_available():
+        p.error(f'--device {args.device}: no CUDA GPU is available here')
+    try:
+        hierarchy, splits = lhmix.load_data(args.data, args.data_dir)
+        docs = splits[args.split]
+        if args.predictions:
+            pred = read_predictions(args.predictions, hierarchy, len(docs))
+        else:
+            model, tokenizer, meta = lhmix.load_checkpoint(args.ckpt, device)
+            if model.hierarchy.labels != hierarchy.labels:
+                raise ValueError(f'{args.ckpt}: its labels differ from those of --data {args.data}')
+            max_text = meta['args']['max_length'] - len(model.prefix) - 1
+            tokens, cut = lhmix.tokenize(tokenizer, [t for t, _ in docs], max_text)
+            t0 = time.time()
+            pred = lhmix.predict(model, tokens, progress=True)
+            print(f'{len(docs)} documents ({cut} truncated) in {time.time() - t0:.1f} s')
+    except (ValueError, FileNotFoundError) as e:
+        sys.exit(f'error: {e}')
+    result = report(pred, [ls for _, ls in docs], hierarchy, [ls for _, ls in splits['train']])
+    print(f"{args.split}: micro-F1 {100 * result['micro_f1']:.2f}  macro-F1 {100 * result['macro_f1']:.2f}")
+    for d, r in result['per_depth'].items():
+        print(f"  depth {d} ({r['labels']} labels): micro-F1 {100 * r['micro_f1']:.2f}  macro-F1 {100 * r['macro_f1']:.2f}")
+    for r in result['by_frequency']:
+        print(f"  frequency quartile {r['quartile']} ({r['labels']} labels, {r['train_docs_min']}-{r['train_docs_max']} "
+              f"train docs): macro-F1 {100 * r['macro_f1']:.2f}")
+    if args.out:
+        with open(args.out, 'w') as f:
+            json.dump(result, f, indent=1)
+    if args.save_predictions:
+        with open(args.save_predictions, 'w', encoding='utf-8') as f:
+            for row in pred:
+                f.write(json.dumps({'labels': [hierarchy.labels[v] for v in np.flatnonzero(row)]}) + '\n')
+
+
+if __name__ == '__main__':
+    main()
