@@ -57,6 +57,8 @@ def compare(fns, batches, device, rounds):
         for b in batches:
             fn(b)
     sync()
+    if device.type == 'cuda':
+        torch.cuda.set_sync_debug_mode('warn')  # any implicit host sync inside a call is reported
     times, peak = {k: [] for k in fns}, {}
     for _ in range(rounds):
         for k, fn in fns.items():
@@ -68,6 +70,8 @@ def compare(fns, batches, device, rounds):
             sync()
             times[k].append((time.perf_counter() - t0) / len(batches) * 1000)
             peak[k] = torch.cuda.max_memory_allocated() / 2 ** 30 if device.type == 'cuda' else float('nan')
+    if device.type == 'cuda':
+        torch.cuda.set_sync_debug_mode('default')
     return {k: (float(np.median(times[k])), peak[k]) for k in fns}
 
 
@@ -77,19 +81,21 @@ def train_steps(args, device, rng):
     max_text = 512 - len(model.prefix) - 1
     docs = documents(args.batch * args.steps, args.lengths, SIZES[args.size]['vocab_size'], max_text, rng)
     labels = [[int(rng.integers(7)), 7 + int(rng.integers(134))] for _ in docs]
-    table = torch.randn(64, model.mlm.config.hidden_size, device=device)  # cached local hierarchies
-    rows = torch.from_numpy(rng.integers(0, 64, len(docs))).to(device)
+    table = torch.randn(64, model.mlm.config.hidden_size)  # cached local hierarchies (on the CPU, as in train.py)
+    rows = torch.from_numpy(rng.integers(0, 64, len(docs)))
     multiple = lhmix.pad_multiple(device)
     order = lhmix.train_order([len(d) for d in docs], args.batch, rng)
-    batches = [(idx, lhmix.make_batch(model, [docs[i] for i in idx], [labels[i] for i in idx], multiple, rng, 0.15))
+    batches = [lhmix.make_batch(model, [docs[i] for i in idx], [labels[i] for i in idx], multiple, rng, 0.15)
                for idx in order]
+    for idx, b in zip(order, batches):
+        b['hier'] = table[rows[idx]]
     fused = device.type == 'cuda'
     encoder = model.mlm.base_model
     floor_opt = torch.optim.Adam(encoder.parameters(), lr=1e-5, fused=fused)
     opt = torch.optim.Adam(model.parameters(), lr=1e-5, fused=fused)
 
     def floor(item):
-        b = lhmix.to_device({k: item[1][k] for k in ('input_ids', 'attention_mask')}, device)
+        b = lhmix.to_device({k: item[k] for k in ('input_ids', 'attention_mask')}, device)
         with lhmix.autocast(device):
             h = encoder(input_ids=b['input_ids'], attention_mask=b['attention_mask']).last_hidden_state
         h.float().square().mean().backward()
@@ -98,11 +104,10 @@ def train_steps(args, device, rng):
 
     def step(mix):
         def run(item):
-            idx, b = item
-            b = lhmix.to_device(b, device)
-            perm = lam = None
+            b = lhmix.to_device({k: v for k, v in item.items() if k != 'hier' or mix == 'lhmix'}, device)
+            hier, perm, lam = b.pop('hier', None), None, None
             if mix != 'none':
-                perm, lam = lhmix.pair_and_ratio(mix, len(idx), device, table, rows[torch.from_numpy(idx).to(device)])
+                perm, lam = lhmix.pair_and_ratio(mix, len(b['targets']), device, hier)
             with lhmix.autocast(device):
                 loss = model(**b, perm=perm, lam=lam)
             loss.backward()
@@ -111,8 +116,8 @@ def train_steps(args, device, rng):
         return run
 
     out = compare({'floor': floor, 'prompt': step('none'), 'lhmix': step('lhmix')}, batches, device, args.rounds)
-    tokens = sum(int(b['attention_mask'].sum()) for _, b in batches) / len(batches)
-    padded = sum(b['input_ids'].numel() for _, b in batches) / len(batches)
+    tokens = sum(int(b['attention_mask'].sum()) for b in batches) / len(batches)
+    padded = sum(b['input_ids'].numel() for b in batches) / len(batches)
     return out, tokens, padded, model
 
 

@@ -19,26 +19,7 @@ import numpy as np
 import torch
 
 import lhmix
-from lhmix import f1_scores  # noqa: F401  (the F1 of this script; it lives in lhmix.py for train.py too)
-
-
-def report(pred, gold, hierarchy, train_labels):
-    """Overall, per-depth and label-frequency-quartile F1 of (N, V) bool predictions."""
-    V = len(hierarchy)
-    out = {k: v for k, v in f1_scores(pred, gold, V).items() if k != 'per_label_f1'}
-    out['per_depth'] = {}
-    for d, labels in enumerate(hierarchy.by_depth, 1):
-        f = f1_scores(pred, gold, V, labels)
-        out['per_depth'][d] = {'labels': len(labels), 'micro_f1': f['micro_f1'], 'macro_f1': f['macro_f1']}
-    counts = np.bincount([v for ls in train_labels for v in ls], minlength=V)
-    order = np.argsort(counts, kind='stable')  # rarest first
-    out['by_frequency'] = []
-    for q, labels in enumerate(np.array_split(order, 4), 1):
-        f = f1_scores(pred, gold, V, labels)
-        out['by_frequency'].append({'quartile': q, 'labels': len(labels), 'train_docs_min': int(counts[labels].min()),
-                                    'train_docs_max': int(counts[labels].max()), 'macro_f1': f['macro_f1'],
-                                    'micro_f1': f['micro_f1']})
-    return out
+from lhmix import f1_scores, report  # noqa: F401  (they live in lhmix.py, which train.py shares)
 
 
 def read_predictions(path, hierarchy, n):
@@ -118,11 +99,11 @@ def summary(run_dirs):
         with open(metrics) as f:
             m = json.load(f)
         key = tuple(sorted((k, v) for k, v in args.items() if k not in ('seed', 'out', 'resume', 'device', 'data_dir')))
-        groups.setdefault(key, []).append((m['micro_f1'], m['macro_f1']))
+        groups.setdefault(key, []).append(m)
     varying = sorted({k for key in groups for k, v in key if len({dict(g)[k] for g in groups}) > 1})
     rows, first = [], None
-    for key, vals in groups.items():
-        a = 100 * np.array(vals)
+    for key, runs in groups.items():
+        a = 100 * np.array([(m['micro_f1'], m['macro_f1']) for m in runs])
         name = ' '.join(f'{k}={dict(key)[k]}' for k in varying) or 'all runs'
         row = {'setting': name, 'runs': len(a), 'micro_mean': a[:, 0].mean(), 'micro_sd': a[:, 0].std(ddof=1) if len(a) > 1 else 0.0,
                'macro_mean': a[:, 1].mean(), 'macro_sd': a[:, 1].std(ddof=1) if len(a) > 1 else 0.0}
@@ -130,12 +111,20 @@ def summary(run_dirs):
             first = a
         elif len(a) > 1 and len(first) > 1:
             row['p_micro'], row['p_macro'] = welch(a[:, 0], first[:, 0])[2], welch(a[:, 1], first[:, 1])[2]
+        if all('per_depth' in m for m in runs):  # Fig. 6: mean over the runs of each breakdown
+            row['depth_macro'] = [100 * np.mean([m['per_depth'][d]['macro_f1'] for m in runs]) for d in runs[0]['per_depth']]
+            row['quartile_macro'] = [100 * np.mean([m['by_frequency'][q]['macro_f1'] for m in runs]) for q in range(4)]
         rows.append(row)
     print(f"{'setting':<50} {'n':>2}  {'micro-F1':>13}  {'macro-F1':>13}  p vs first (micro, macro)")
     for r in rows:
         p = f"{r['p_micro']:.3g}, {r['p_macro']:.3g}" if 'p_micro' in r else ''
         print(f"{r['setting']:<50} {r['runs']:>2}  {r['micro_mean']:6.2f} ± {r['micro_sd']:4.2f}  "
               f"{r['macro_mean']:6.2f} ± {r['macro_sd']:4.2f}  {p}")
+    if all('depth_macro' in r for r in rows):
+        print(f"\n{'setting':<50} macro-F1 per depth | per label-frequency quartile, rarest first (means)")
+        for r in rows:
+            print(f"{r['setting']:<50} " + ' '.join(f'{x:6.2f}' for x in r['depth_macro']) + ' | '
+                  + ' '.join(f'{x:6.2f}' for x in r['quartile_macro']))
     return rows
 
 

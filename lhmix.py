@@ -285,7 +285,8 @@ def local_hierarchy_ids(model, label_ids, name_ids):
 def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
     """[CLS] embeddings of every distinct local hierarchy, by the model as it is now (call it before
     training: the paper's frozen copy of the initial encoder). The encoder is frozen and deterministic,
-    so each hierarchy is encoded once and looked up per step. Returns (table (U, H), index (N,))."""
+    so each hierarchy is encoded once and looked up per step. Returns (table (U, H), index (N,)),
+    both on the CPU: a step's rows travel with its batch."""
     keys = [tuple(sorted(s)) for s in label_sets]
     distinct = sorted(set(keys))
     row = {k: i for i, k in enumerate(distinct)}
@@ -299,7 +300,7 @@ def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
         ids, mask = pad(chunk, model.special['pad'], 1)
         out.append(model.encode(ids.to(device), mask.to(device))[:, 0].float())
     model.train(was_training)
-    return torch.cat(out), torch.tensor([row[k] for k in keys])
+    return torch.cat(out).cpu(), torch.tensor([row[k] for k in keys])
 
 
 def hierarchy_similarity(h_i, h_j):
@@ -316,16 +317,15 @@ def mixup_ratio(s, alpha, beta):
     return -(beta - 0.5) * s ** alpha + beta
 
 
-def pair_and_ratio(mix, batch_size, device, table=None, rows=None, alpha=1.0, beta=0.75, mix_alpha=1.0):
+def pair_and_ratio(mix, batch_size, device, hier=None, alpha=1.0, beta=0.75, mix_alpha=1.0):
     """Partners j = a random permutation of the batch and one lambda per pair: from Eqs. 3-4
-    ('lhmix', `table[rows]` are the cached local-hierarchy embeddings) or from Beta(a, a) folded
-    to max(lambda, 1 - lambda) (vanilla 'mixup')."""
+    ('lhmix'; `hier` (B, H) holds the cached local-hierarchy embeddings of the batch, on `device`)
+    or from Beta(a, a) folded to max(lambda, 1 - lambda) (vanilla 'mixup'). No host sync."""
     perm = torch.randperm(batch_size, device=device)
     if mix == 'lhmix':
-        h = table[rows]
-        return perm, mixup_ratio(hierarchy_similarity(h, h[perm]), alpha, beta)
+        return perm, mixup_ratio(hierarchy_similarity(hier, hier[perm]), alpha, beta)
     a = torch.full((batch_size,), float(mix_alpha), device=device)
-    lam = torch.distributions.Beta(a, a).sample()
+    lam = torch.distributions.Beta(a, a, validate_args=False).sample()  # validation would sync
     return perm, torch.maximum(lam, 1 - lam)
 
 
@@ -781,6 +781,26 @@ def f1_scores(predictions, gold, num_labels, labels=None):
     micro = f1(np.array([tp.sum()]), np.array([n_pred.sum()]), np.array([n_gold.sum()]))[0]
     return {'micro_f1': float(micro), 'macro_f1': float(per_label.mean()) if len(per_label) else 0.0,
             'per_label_f1': per_label.tolist()}
+
+
+def report(pred, gold, hierarchy, train_labels):
+    """Overall, per-depth and label-frequency-quartile F1 (the paper's Fig. 6 analysis; quartiles of
+    the labels by their count in `train_labels`, rarest first) of (N, V) bool predictions."""
+    V = len(hierarchy)
+    out = {k: v for k, v in f1_scores(pred, gold, V).items() if k != 'per_label_f1'}
+    out['per_depth'] = {}
+    for d, labels in enumerate(hierarchy.by_depth, 1):
+        f = f1_scores(pred, gold, V, labels)
+        out['per_depth'][d] = {'labels': len(labels), 'micro_f1': f['micro_f1'], 'macro_f1': f['macro_f1']}
+    counts = np.bincount([v for ls in train_labels for v in ls], minlength=V)
+    order = np.argsort(counts, kind='stable')  # rarest first
+    out['by_frequency'] = []
+    for q, labels in enumerate(np.array_split(order, 4), 1):
+        f = f1_scores(pred, gold, V, labels)
+        out['by_frequency'].append({'quartile': q, 'labels': len(labels), 'train_docs_min': int(counts[labels].min()),
+                                    'train_docs_max': int(counts[labels].max()), 'macro_f1': f['macro_f1'],
+                                    'micro_f1': f['micro_f1']})
+    return out
 
 
 def _as_matrix(x, num_labels):

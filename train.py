@@ -110,7 +110,7 @@ def main(argv=None):
     state = {'epoch': 0, 'best': -1.0, 'bad_epochs': 0}
     table = rows = None
     if args.resume:
-        saved = torch.load(os.path.join(last, 'train_state.pt'), map_location=device, weights_only=True)
+        saved = torch.load(os.path.join(last, 'train_state.pt'), map_location='cpu', weights_only=True)
         opt.load_state_dict(saved['optimizer'])
         scaler.load_state_dict(saved['scaler'])
         table, rows = saved.get('table'), saved.get('rows')
@@ -142,11 +142,12 @@ def main(argv=None):
         for idx in tqdm(order, desc=f'epoch {epoch}' + (f' ({args.mix})' if mixing else ''), leave=False):
             batch = lhmix.make_batch(model, [tokens['train'][i] for i in idx], [labels[i] for i in idx],
                                      multiple, rng, mlm_rate)
+            if mixing and args.mix == 'lhmix':
+                batch['hier'] = table[rows[idx]]  # this batch's cached local-hierarchy embeddings
             batch = lhmix.to_device(batch, device)
             perm = lam = None
             if mixing:
-                perm, lam = lhmix.pair_and_ratio(args.mix, len(idx), device, table,
-                                                 rows[torch.from_numpy(idx).to(rows.device)] if rows is not None else None,
+                perm, lam = lhmix.pair_and_ratio(args.mix, len(idx), device, batch.pop('hier', None),
                                                  args.alpha, args.beta, args.mix_alpha)
             with lhmix.autocast(device):
                 loss = model(**batch, perm=perm, lam=lam)
@@ -177,9 +178,8 @@ def main(argv=None):
         os.replace(metrics_path + '.tmp', metrics_path)
 
     best, _, meta = lhmix.load_checkpoint(os.path.join(args.out, 'best'), device)
-    test = lhmix.f1_scores(lhmix.predict(best, tokens['test']), test_gold, len(hierarchy))
-    result = {'micro_f1': test['micro_f1'], 'macro_f1': test['macro_f1'], 'best_epoch': meta['epoch'],
-              'checkpoint': os.path.join(args.out, 'best')}
+    result = lhmix.report(lhmix.predict(best, tokens['test']), test_gold, hierarchy, [ls for _, ls in splits['train']])
+    result.update(best_epoch=meta['epoch'], checkpoint=os.path.join(args.out, 'best'))
     with open(os.path.join(args.out, 'test_metrics.json'), 'w') as f:
         json.dump(result, f, indent=1)
     print(f"test micro-F1 {100 * result['micro_f1']:.2f}  macro-F1 {100 * result['macro_f1']:.2f}  "
