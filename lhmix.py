@@ -494,31 +494,31 @@ def _xlsx_rows(data):
 
 
 def _wos_rows(folder):
-    """(source, rows) of WOS-46985's Meta-data table from Data.txt, Data.xlsx or WebOfScience.zip."""
+    """(source, [(line, fields)]) of WOS-46985's Meta-data table from Data.txt, Data.xlsx or the zip."""
     txt, xlsx, archive = (os.path.join(folder, f) for f in ('Data.txt', 'Data.xlsx', 'WebOfScience.zip'))
     if os.path.exists(txt):
         with open(txt, encoding='utf-8') as f:
-            return txt, [line.rstrip('\n').split('\t') for line in f if line.strip()]
+            return txt, [(n, line.rstrip('\n').split('\t')) for n, line in enumerate(f, 1) if line.strip()]
     if os.path.exists(xlsx):
         with open(xlsx, 'rb') as f:
-            return xlsx, list(_xlsx_rows(f.read()))
+            return xlsx, list(enumerate(_xlsx_rows(f.read()), 1))
     if not os.path.exists(archive):
         _download(WOS_URL, archive)
     with zipfile.ZipFile(archive) as z:
         name = next((n for n in z.namelist() if n.endswith('Meta-data/Data.xlsx')), None)
         if name is None:
             raise ValueError(f'{archive}: no Meta-data/Data.xlsx inside')
-        return f'{archive}:{name}', list(_xlsx_rows(z.read(name)))
+        return f'{archive}:{name}', list(enumerate(_xlsx_rows(z.read(name)), 1))
 
 
 def _download(url, path):
     import urllib.request
     from tqdm import tqdm
-    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
     try:
-        with urllib.request.urlopen(url, timeout=30) as r, open(path + '.part', 'wb') as f:
-            with tqdm(total=int(r.headers.get('Content-Length') or 0), unit='B', unit_scale=True,
-                      desc=os.path.basename(path)) as bar:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            os.makedirs(os.path.dirname(path) or '.', exist_ok=True)  # only once the network answered
+            with open(path + '.part', 'wb') as f, tqdm(total=int(r.headers.get('Content-Length') or 0), unit='B',
+                                                       unit_scale=True, desc=os.path.basename(path)) as bar:
                 while chunk := r.read(1 << 20):
                     f.write(chunk)
                     bar.update(len(chunk))
@@ -535,14 +535,16 @@ def _download(url, path):
 def load_wos(folder):
     """WOS-46985 preprocessed as HPT: Abstract cleaned, Domain (depth 1) -> area (depth 2), one area
     name per (Y1, Y2) code (its most frequent spelling); HPT's split. Returns (hierarchy, splits)."""
-    source, rows = _wos_rows(folder)
-    header = [c.strip() for c in rows[0]]
+    source, numbered = _wos_rows(folder)
+    if not numbered:
+        raise ValueError(f'{source}: empty')
+    n, header = numbered[0][0], [c.strip() for c in numbered[0][1]]
     if header[:7] != ['Y1', 'Y2', 'Y', 'Domain', 'area', 'keywords', 'Abstract']:
-        raise ValueError(f'{source}:1: expected the header Y1 Y2 Y Domain area keywords Abstract, got {header}')
-    for n, r in enumerate(rows[1:], 2):
+        raise ValueError(f'{source}:{n}: expected the header Y1 Y2 Y Domain area keywords Abstract, got {header}')
+    for n, r in numbered[1:]:
         if len(r) != 7:
             raise ValueError(f'{source}:{n}: expected 7 tab-separated fields, found {len(r)}')
-    rows = rows[1:]
+    rows = [r for _, r in numbered[1:]]
     domain_of = {y1: c.most_common(1)[0][0] for y1, c in _count(rows, 0, 3).items()}
     area_of = {code: c.most_common(1)[0][0] for code, c in _count(rows, (0, 1), 4).items()}
     areas = Counter(a for a in area_of.values())  # an area name used under two codes gets its domain
@@ -600,11 +602,13 @@ def load_hiagm(folder):
                     continue
                 try:
                     d = json.loads(line)
-                    text, labels = d.get('token', d.get('doc_token')), d.get('label', d.get('doc_label'))
                 except json.JSONDecodeError as e:
                     raise ValueError(f'{path}:{n}: malformed JSON ({e.msg})') from None
-                if text is None or labels is None:
-                    raise ValueError(f'{path}:{n}: needs `token` (or `doc_token`) and `label` (or `doc_label`)')
+                d = d if isinstance(d, dict) else {}
+                text, labels = d.get('token', d.get('doc_token')), d.get('label', d.get('doc_label'))
+                if text is None or not isinstance(labels, list):
+                    raise ValueError(f'{path}:{n}: expected an object with `token` (or `doc_token`) and a list '
+                                     '`label` (or `doc_label`)')
                 unknown = [v for v in labels if v not in hierarchy.index]
                 if unknown:
                     raise ValueError(f'{path}:{n}: label {unknown[0]!r} is not in the taxonomy {taxonomy}')
@@ -706,7 +710,8 @@ def make_batch(model, texts, labels, multiple, rng=None, mlm_rate=0.0):
         flat[pos[r < 0.8]] = model.special['mask']
         rand = pos[(r >= 0.8) & (r < 0.9)]
         flat[rand] = torch.from_numpy(rng.integers(0, model.base_vocab, len(rand)))
-        batch['mlm_pos'], batch['mlm_labels'] = pos, gold
+        if len(pos):  # decided here, on the CPU: a batch with nothing masked has no MLM term
+            batch['mlm_pos'], batch['mlm_labels'] = pos, gold
     return batch
 
 

@@ -168,14 +168,15 @@ def main(argv=None):
             lhmix.save_checkpoint(os.path.join(args.out, 'best'), model, tokenizer, {**info, 'epoch': epoch, 'dev': line})
         else:
             state['bad_epochs'] += 1
+        # metrics first: a crash before `last` is written re-runs this epoch and drops its old line
+        with open(metrics_path + '.tmp', 'w') as f:
+            f.writelines(json.dumps(h) + '\n' for h in history)
+        os.replace(metrics_path + '.tmp', metrics_path)
         state['epoch'] = epoch + 1
         extra = {'optimizer': opt.state_dict(), 'scaler': scaler.state_dict()}
         if table is not None:
             extra.update(table=table, rows=rows)
         lhmix.save_checkpoint(last, model, tokenizer, {**info, 'state': state}, extra)
-        with open(metrics_path + '.tmp', 'w') as f:
-            f.writelines(json.dumps(h) + '\n' for h in history)
-        os.replace(metrics_path + '.tmp', metrics_path)
 
     best, _, meta = lhmix.load_checkpoint(os.path.join(args.out, 'best'), device)
     result = lhmix.report(lhmix.predict(best, tokens['test']), test_gold, hierarchy, [ls for _, ls in splits['train']])
