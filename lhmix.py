@@ -386,33 +386,94 @@ def _zmlce_backward(scores, targets, valid, lse_pos, lse_neg, grad):
     return (torch.where(pos, -p, p) * grad.unsqueeze(-1)).to(scores.dtype)
 
 
-_compiled = {}
+try:  # on CUDA, one Triton kernel each way; the torch code above is the CPU path and the reference
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
+
+if triton is not None:
+    @triton.jit
+    def _zmlce_fwd_kernel(S, T, VALID, LSE, L, HAS_VALID: tl.constexpr, BLOCK: tl.constexpr):
+        """One program per row, one read of it: running max and sum of e^x for both label sets, each
+        started at the implicit 0 logit (max 0, sum e^0 = 1)."""
+        row = tl.program_id(0).to(tl.int64)
+        m_pos, m_neg = tl.full([], 0.0, tl.float32), tl.full([], 0.0, tl.float32)
+        a_pos, a_neg = tl.full([], 1.0, tl.float32), tl.full([], 1.0, tl.float32)
+        for start in range(0, L, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            ok = cols < L
+            s = tl.load(S + row * L + cols, mask=ok, other=0.0).to(tl.float32)
+            pos = tl.load(T + row * L + cols, mask=ok, other=0) != 0
+            if HAS_VALID:
+                ok = ok & (tl.load(VALID + row * L + cols, mask=ok, other=0) != 0)
+            x_pos = tl.where(ok & pos, -s, float('-inf'))
+            x_neg = tl.where(ok & ~pos, s, float('-inf'))
+            new_pos, new_neg = tl.maximum(m_pos, tl.max(x_pos, 0)), tl.maximum(m_neg, tl.max(x_neg, 0))
+            a_pos = a_pos * tl.exp(m_pos - new_pos) + tl.sum(tl.exp(x_pos - new_pos), 0)
+            a_neg = a_neg * tl.exp(m_neg - new_neg) + tl.sum(tl.exp(x_neg - new_neg), 0)
+            m_pos, m_neg = new_pos, new_neg
+        tl.store(LSE + 2 * row, m_pos + tl.log(a_pos))
+        tl.store(LSE + 2 * row + 1, m_neg + tl.log(a_neg))
+
+    @triton.jit
+    def _zmlce_bwd_kernel(S, T, VALID, LSE, G, GS, L, HAS_VALID: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        lse_pos, lse_neg, g = tl.load(LSE + 2 * row), tl.load(LSE + 2 * row + 1), tl.load(G + row)
+        for start in range(0, L, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            ok = cols < L
+            s = tl.load(S + row * L + cols, mask=ok, other=0.0).to(tl.float32)
+            pos = tl.load(T + row * L + cols, mask=ok, other=0) != 0
+            grad = tl.where(pos, -tl.exp(-s - lse_pos), tl.exp(s - lse_neg)) * g
+            if HAS_VALID:
+                grad = tl.where(tl.load(VALID + row * L + cols, mask=ok, other=0) != 0, grad, 0.0)
+            tl.store(GS + row * L + cols, grad.to(GS.dtype.element_ty), mask=ok)
 
 
-def _fused(fn, *args):
-    """On CUDA, torch.compile turns each body above into one or two fused kernels (elementwise work
-    and row reductions in one pass over the scores); elsewhere the same code runs op by op."""
-    if not args[0].is_cuda:
-        return fn(*args)
-    if fn not in _compiled:
-        _compiled[fn] = torch.compile(fn, dynamic=True)
-    return _compiled[fn](*args)
+def _rows(x, shape):
+    """x broadcast to `shape`, as a contiguous (rows, L) matrix (bool as uint8, for Triton)."""
+    x = x.expand(shape).reshape(-1, shape[-1]).contiguous()
+    return x.view(torch.uint8) if x.dtype == torch.bool else x
+
+
+def _launch(kernel, scores, targets, valid, *out):
+    L = scores.shape[-1]
+    block = min(triton.next_power_of_2(L), 4096)
+    kernel[(scores.shape[0],)](scores, targets, valid if valid is not None else targets, *out, L,
+                               HAS_VALID=valid is not None, BLOCK=block, num_warps=4 if block <= 1024 else 8)
 
 
 class ZMLCE(torch.autograd.Function):
     """Eq. 2 per row: log(1 + sum_{neg} e^{s}) + log(1 + sum_{pos} e^{-s}), over valid labels.
     No concatenation, boolean indexing or host synchronisation (CUDA-graph and torch.compile
-    friendly). Saves only its inputs and two numbers per row; the backward is the closed form."""
+    friendly). Saves only its inputs and two numbers per row; the backward is the closed form.
+    On CUDA the forward and the backward are each one fused kernel."""
 
     @staticmethod
     def forward(ctx, scores, targets, valid):
-        lse_pos, lse_neg = _fused(_zmlce_forward, scores, targets, valid)
-        ctx.save_for_backward(scores, targets, valid, lse_pos, lse_neg)
-        return (lse_pos + lse_neg).squeeze(-1)
+        ctx.fused = scores.is_cuda and triton is not None and scores.dtype != torch.float64
+        if not ctx.fused:
+            lse_pos, lse_neg = _zmlce_forward(scores, targets, valid)
+            ctx.save_for_backward(scores, targets, valid, lse_pos, lse_neg)
+            return (lse_pos + lse_neg).squeeze(-1)
+        shape = scores.shape
+        s, t = _rows(scores, shape), _rows(targets.bool(), shape)
+        v = _rows(valid.bool(), shape) if valid is not None else None
+        lse = torch.empty(s.shape[0], 2, device=s.device, dtype=torch.float32)
+        _launch(_zmlce_fwd_kernel, s, t, v, lse)
+        ctx.save_for_backward(s, t, v, lse)
+        ctx.shape = shape
+        return lse.sum(-1).view(shape[:-1])
 
     @staticmethod
     def backward(ctx, grad):
-        return _fused(_zmlce_backward, *ctx.saved_tensors, grad), None, None
+        if not ctx.fused:
+            return _zmlce_backward(*ctx.saved_tensors, grad), None, None
+        s, t, v, lse = ctx.saved_tensors
+        gs = torch.empty_like(s)
+        _launch(_zmlce_bwd_kernel, s, t, v, lse, grad.float().reshape(-1).contiguous(), gs)
+        return gs.view(ctx.shape), None, None
 
 
 def zmlce(scores, targets, valid=None):

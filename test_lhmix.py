@@ -147,6 +147,26 @@ def test_zmlce_half_precision_close_to_fp32(dtype, tol):
     assert (s.grad[~valid] == 0).all()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or lhmix.triton is None, reason='needs a CUDA GPU and Triton')
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+def test_zmlce_cuda_kernel_matches_eq2_and_cpu_gradient(dtype):
+    g = torch.Generator().manual_seed(5)
+    for shape, valid_shape in (((16, 2, 141), (2, 141)), ((3, 5000), None)):  # 5000: more than one block
+        s = (torch.randn(*shape, generator=g) * 4).to(dtype).float()
+        s.view(-1)[:2] = torch.tensor([1e4, -1e4])
+        y = torch.rand(*shape[:-2], 1, shape[-1], generator=g) < 0.2 if len(shape) == 3 else torch.rand(*shape, generator=g) < 0.2
+        valid = torch.rand(*valid_shape, generator=g) < 0.8 if valid_shape else None
+        w = torch.rand(*shape[:-1], generator=g)
+        cuda = s.to(dtype).cuda().requires_grad_()
+        loss = lhmix.zmlce(cuda, y.cuda(), valid.cuda() if valid is not None else None)
+        (loss * w.cuda()).sum().backward()
+        cpu = s.clone().requires_grad_()
+        (lhmix.zmlce(cpu, y, valid) * w).sum().backward()
+        np.testing.assert_allclose(loss.detach().cpu().double().numpy(), zmlce_ref(s, y, valid), rtol=1e-5)
+        assert cuda.grad.dtype == dtype
+        np.testing.assert_allclose(cuda.grad.float().cpu().numpy(), cpu.grad.numpy(), atol=1e-6 if dtype == torch.float32 else 1e-2)
+
+
 # Eq. 7: the two losses mixed per pair, one lambda per batch row
 
 
