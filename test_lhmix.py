@@ -755,9 +755,11 @@ def test_train_metrics_and_resume(demo_run):
     with open(out / 'last' / 'lhmix.json') as f:
         assert json.load(f)['state']['epoch'] == 3
     # per-epoch random streams: the resumed run is the uninterrupted one
-    timing = ('seconds', 'samples_per_s')
+    timing = ('seconds', 'samples_per_s', 'train_loss')
     assert [{k: v for k, v in m.items() if k not in timing} for m in metrics] == \
         [{k: v for k, v in m.items() if k not in timing} for m in read_metrics(straight)]
+    # the summed loss may differ in the last float bits (seen with transformers 4.46)
+    assert [m['train_loss'] for m in metrics] == pytest.approx([m['train_loss'] for m in read_metrics(straight)], rel=1e-6)
 
 
 def test_evaluate_reproduces_test_metrics(demo_run, tmp_path):
