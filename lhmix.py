@@ -149,8 +149,8 @@ class LHMix(nn.Module):
             self.transform = lambda x: head.layer_norm(F.gelu(head.dense(x)))
         else:
             raise ValueError(f'{type(mlm).__name__}: only BERT- and RoBERTa-style MLM heads are supported')
-        self.label_bias = nn.Parameter(torch.zeros(V))
         if arch == 'prompt':
+            self.label_bias = nn.Parameter(torch.zeros(V))
             self.prefix = template(D, special['cls'], special['sep'], self.depth_ids, self.slot_id)
             valid = torch.tensor([[hierarchy.depth[v] == d + 1 for v in range(V)] for d in range(D)])
         else:
