@@ -87,15 +87,14 @@ def train_steps(args, device, rng):
     order = lhmix.train_order([len(d) for d in docs], args.batch, rng)
     batches = [lhmix.make_batch(model, [docs[i] for i in idx], [labels[i] for i in idx], multiple, rng, 0.15)
                for idx in order]
-    for idx, b in zip(order, batches):
-        b['hier'] = table[rows[idx]]
+    hier = [table[rows[idx]] for idx in order]
     fused = device.type == 'cuda'
     encoder = model.mlm.base_model
     floor_opt = torch.optim.Adam(encoder.parameters(), lr=1e-5, fused=fused)
     opt = torch.optim.Adam(model.parameters(), lr=1e-5, fused=fused)
 
     def floor(item):
-        b = lhmix.to_device({k: item[k] for k in ('input_ids', 'attention_mask')}, device)
+        b = lhmix.to_device({k: item[0][k] for k in ('input_ids', 'attention_mask')}, device)
         with lhmix.autocast(device):
             h = encoder(input_ids=b['input_ids'], attention_mask=b['attention_mask']).last_hidden_state
         h.float().square().mean().backward()
@@ -104,21 +103,42 @@ def train_steps(args, device, rng):
 
     def step(mix):
         def run(item):
-            b = lhmix.to_device({k: v for k, v in item.items() if k != 'hier' or mix == 'lhmix'}, device)
-            hier, perm, lam = b.pop('hier', None), None, None
-            if mix != 'none':
-                perm, lam = lhmix.pair_and_ratio(mix, len(b['targets']), device, hier)
+            b, h = item
+            if mix != 'none':  # as train.py: partners and ratios made on the CPU, copied with the batch
+                b = dict(b)
+                b['perm'], b['lam'] = lhmix.pair_and_ratio(mix, len(b['targets']), h)
+            b = lhmix.to_device(b, device)
             with lhmix.autocast(device):
-                loss = model(**b, perm=perm, lam=lam)
+                loss = model(**b)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
         return run
 
-    out = compare({'floor': floor, 'prompt': step('none'), 'lhmix': step('lhmix')}, batches, device, args.rounds)
-    tokens = sum(int(b['attention_mask'].sum()) for b in batches) / len(batches)
-    padded = sum(b['input_ids'].numel() for b in batches) / len(batches)
-    return out, tokens, padded, model
+    fns = {'floor': floor, 'prompt': step('none'), 'lhmix': step('lhmix')}
+    batches = list(zip(batches, hier))
+    out = compare(fns, batches, device, args.rounds)
+    tokens = sum(int(b['attention_mask'].sum()) for b, _ in batches) / len(batches)
+    padded = sum(b['input_ids'].numel() for b, _ in batches) / len(batches)
+    return out, tokens, padded, model, fns, batches
+
+
+def profile(fns, batches, device):
+    """Where a step's time goes: CPU time of all ops (launching kernels included) and GPU kernel
+    time, per step, under torch.profiler (which slows the CPU side)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == 'cuda' else [])
+    for name, fn in fns.items():
+        with profile(activities=activities) as prof:
+            for b in batches:
+                fn(b)
+            if device.type == 'cuda':
+                torch.cuda.synchronize()
+        events = prof.key_averages()
+        cpu = sum(e.self_cpu_time_total for e in events) / len(batches) / 1000
+        gpu = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CPU) / len(batches) / 1000
+        print(f'profile {name:<7} CPU {cpu:7.2f} ms/step   GPU kernels {gpu:7.2f} ms/step')
 
 
 def eval_throughput(model, args, device, rng):
@@ -166,8 +186,9 @@ def main():
     p.add_argument('--size', default='base', choices=list(SIZES))
     p.add_argument('--lengths', default='wos', choices=list(LENGTHS))
     p.add_argument('--batch', type=int, default=16)
-    p.add_argument('--steps', type=int, default=60, help='distinct batches per timed pass')
-    p.add_argument('--rounds', type=int, default=3, help='timed passes (the median is reported)')
+    p.add_argument('--steps', type=int, default=30, help='distinct batches per timed pass')
+    p.add_argument('--rounds', type=int, default=9, help='timed passes of each step, interleaved (the median is reported)')
+    p.add_argument('--profile', action='store_true', help='also profile 10 steps of each (CPU and GPU time)')
     p.add_argument('--eval-docs', type=int, default=4096)
     p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     args = p.parse_args()
@@ -179,7 +200,7 @@ def main():
     print(f'device: {name}; torch {torch.__version__}, transformers {transformers.__version__}; '
           f'size {args.size}, lengths {args.lengths}, batch {args.batch}, {args.steps} steps x {args.rounds} rounds')
     rng = np.random.default_rng(0)
-    steps, tokens, padded, model = train_steps(args, device, rng)
+    steps, tokens, padded, model, fns, batches = train_steps(args, device, rng)
     print(f'mean tokens per batch {tokens:.0f} real, {padded:.0f} padded ({100 * (padded / tokens - 1):.1f}% padding)')
     floor = steps['floor'][0]
     print(f"{'training step':<34} {'ms/step':>9} {'x floor':>8} {'peak GiB':>9}  (peak: weights, both Adam states, activations)")
@@ -187,6 +208,9 @@ def main():
     for k, (ms, peak) in steps.items():
         print(f'{labels[k]:<34} {ms:9.2f} {ms / floor:8.3f} {peak:9.2f}')
     print(f"LH-Mix / Prompt: {steps['lhmix'][0] / steps['prompt'][0]:.3f}")
+    if args.profile:
+        profile(fns, batches[:10], device)
+    del fns, batches
     print(f'evaluation: {eval_throughput(model, args, device, rng):.0f} documents/s')
     del model
     shapes = [(16 * 2, 141), (16 * 8, 166), (4096, 4096)] if device.type == 'cuda' else [(16 * 2, 141), (16 * 8, 166)]

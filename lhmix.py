@@ -317,15 +317,15 @@ def mixup_ratio(s, alpha, beta):
     return -(beta - 0.5) * s ** alpha + beta
 
 
-def pair_and_ratio(mix, batch_size, device, hier=None, alpha=1.0, beta=0.75, mix_alpha=1.0):
+def pair_and_ratio(mix, batch_size, hier=None, alpha=1.0, beta=0.75, mix_alpha=1.0):
     """Partners j = a random permutation of the batch and one lambda per pair: from Eqs. 3-4
-    ('lhmix'; `hier` (B, H) holds the cached local-hierarchy embeddings of the batch, on `device`)
-    or from Beta(a, a) folded to max(lambda, 1 - lambda) (vanilla 'mixup'). No host sync."""
-    perm = torch.randperm(batch_size, device=device)
+    ('lhmix'; `hier` (B, H) holds the cached local-hierarchy embeddings of the batch) or from
+    Beta(a, a) folded to max(lambda, 1 - lambda) (vanilla 'mixup'). A few numbers per batch: made on
+    the CPU with the batch, they reach the GPU in its copy and cost the step no kernel launch."""
+    perm = torch.randperm(batch_size)
     if mix == 'lhmix':
         return perm, mixup_ratio(hierarchy_similarity(hier, hier[perm]), alpha, beta)
-    a = torch.full((batch_size,), float(mix_alpha), device=device)
-    lam = torch.distributions.Beta(a, a, validate_args=False).sample()  # validation would sync
+    lam = torch.distributions.Beta(float(mix_alpha), float(mix_alpha)).sample((batch_size,))
     return perm, torch.maximum(lam, 1 - lam)
 
 
@@ -338,9 +338,9 @@ def _per_row(lam, like):
 
 
 def mix_hidden(h_i, h_j, lam):
-    """Eq. 5: h~ = lambda h_i + (1 - lambda) h_j, one lambda per row of the batch (in fp32)."""
-    lam = _per_row(lam.float(), h_i)
-    return (lam * h_i.float() + (1 - lam) * h_j.float()).to(h_i.dtype)
+    """Eq. 5: h~ = lambda h_i + (1 - lambda) h_j = lerp(h_j, h_i, lambda), one lambda per row of the
+    batch, computed in fp32."""
+    return torch.lerp(h_j.float(), h_i.float(), _per_row(lam.float(), h_i)).to(h_i.dtype)
 
 
 def mixed_zmlce(scores, targets_i, targets_j, lam, valid=None):

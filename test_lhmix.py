@@ -221,7 +221,7 @@ def test_pair_and_ratio_lhmix_composes_eq3_and_eq4():
     torch.manual_seed(0)
     table = torch.randn(10, 8)
     rows = torch.tensor([3, 1, 4, 1, 5, 9])
-    perm, lam = lhmix.pair_and_ratio('lhmix', 6, 'cpu', table[rows], alpha=2.0, beta=0.9)  # the batch's rows
+    perm, lam = lhmix.pair_and_ratio('lhmix', 6, table[rows], alpha=2.0, beta=0.9)  # the batch's rows
     assert sorted(perm.tolist()) == list(range(6))
     t = table.double().numpy()
     for b in range(6):
@@ -232,7 +232,7 @@ def test_pair_and_ratio_lhmix_composes_eq3_and_eq4():
 
 def test_pair_and_ratio_mixup_folds_beta_into_half_to_one():
     torch.manual_seed(0)
-    perm, lam = lhmix.pair_and_ratio('mixup', 20000, 'cpu', mix_alpha=1.0)
+    perm, lam = lhmix.pair_and_ratio('mixup', 20000, mix_alpha=1.0)
     assert lam.min() >= 0.5 and lam.max() <= 1.0
     assert lam.mean().item() == pytest.approx(0.75, abs=0.01)  # max(U, 1-U), U ~ Beta(1,1): uniform on [0.5, 1]
     assert sorted(perm.tolist()) == list(range(20000))

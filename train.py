@@ -142,15 +142,13 @@ def main(argv=None):
         for idx in tqdm(order, desc=f'epoch {epoch}' + (f' ({args.mix})' if mixing else ''), leave=False):
             batch = lhmix.make_batch(model, [tokens['train'][i] for i in idx], [labels[i] for i in idx],
                                      multiple, rng, mlm_rate)
-            if mixing and args.mix == 'lhmix':
-                batch['hier'] = table[rows[idx]]  # this batch's cached local-hierarchy embeddings
+            if mixing:  # partners and ratios ride with the batch to the GPU
+                hier = table[rows[idx]] if args.mix == 'lhmix' else None  # cached local hierarchies
+                batch['perm'], batch['lam'] = lhmix.pair_and_ratio(args.mix, len(idx), hier, args.alpha,
+                                                                   args.beta, args.mix_alpha)
             batch = lhmix.to_device(batch, device)
-            perm = lam = None
-            if mixing:
-                perm, lam = lhmix.pair_and_ratio(args.mix, len(idx), device, batch.pop('hier', None),
-                                                 args.alpha, args.beta, args.mix_alpha)
             with lhmix.autocast(device):
-                loss = model(**batch, perm=perm, lam=lam)
+                loss = model(**batch)
             opt.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.step(opt)
