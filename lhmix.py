@@ -612,7 +612,7 @@ def load_wos(folder):
     key = {code: a if areas[a] == 1 else f'{a} ({domain_of[code[0]]})' for code, a in area_of.items()}
     parents = {d: None for d in sorted(set(domain_of.values()))}
     names = dict(zip(parents, parents))
-    for code in sorted(key, key=lambda c: (int(c[0]), int(c[1]))):
+    for code in sorted(key, key=lambda c: (c[0].zfill(9), c[1].zfill(9))):  # numeric order of the codes
         parents[key[code]], names[key[code]] = domain_of[code[0]], area_of[code]
     hierarchy = Hierarchy(parents, names)
     docs = [(clean_wos(r[6]), [hierarchy.index[domain_of[r[0]]], hierarchy.index[key[(r[0], r[1])]]])

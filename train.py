@@ -75,8 +75,12 @@ def main(argv=None):
     device = torch.device(args.device)
     torch.manual_seed(args.seed)
     last = os.path.join(args.out, 'last')
-    if args.resume and not os.path.exists(os.path.join(last, 'lhmix.json')):
-        sys.exit(f'error: --resume: no checkpoint at {last}')
+    if args.resume:  # the run continues as it was started; only --epochs and --device may change
+        if not os.path.exists(os.path.join(last, 'lhmix.json')):
+            sys.exit(f'error: --resume: no checkpoint at {last}')
+        with open(os.path.join(last, 'lhmix.json')) as f:
+            saved_args = json.load(f)['args']
+        vars(args).update({k: v for k, v in saved_args.items() if k not in ('epochs', 'device', 'out', 'resume')})
     try:  # everything a user can get wrong is checked before anything is written
         hierarchy, splits = lhmix.load_data(args.data, args.data_dir)
         train = splits['train']
