@@ -253,7 +253,7 @@ def build_model(name, hierarchy, arch, texts=None):
 
 def tiny_bert(texts, max_words=8000):
     """A 2-layer, 128-wide BERT with a word-level vocabulary written on the fly (no download)."""
-    from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
+    from transformers import AutoModelForMaskedLM, BertConfig, BertTokenizerFast
     counts = Counter(w for t in texts for w in re.findall(r"\w+|[^\w\s]", t.lower()))
     vocab = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] + [w for w, _ in counts.most_common(max_words)]
     folder = tempfile.mkdtemp(prefix='lhmix-tiny-')
@@ -263,7 +263,7 @@ def tiny_bert(texts, max_words=8000):
     shutil.rmtree(folder)
     config = BertConfig(vocab_size=len(vocab), hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=256, max_position_embeddings=512)
-    return BertForMaskedLM(config), tokenizer
+    return AutoModelForMaskedLM.from_config(config), tokenizer  # as load_checkpoint builds it (same attention)
 
 
 # -----------------------------------------------------------------------------
@@ -753,7 +753,8 @@ def pad(seqs, pad_id, multiple):
 
 def make_batch(model, texts, labels, multiple, rng=None, mlm_rate=0.0):
     """Inputs `prefix text [SEP]`, bool targets (B, V), and, with mlm_rate > 0, BERT-style masking of
-    text word-pieces (80% [MASK], 10% random, 10% kept), chosen here on the CPU so the step never syncs."""
+    text word-pieces (80% [MASK], 10% another word-piece of the batch, 10% kept), chosen here on the CPU
+    so the step never syncs."""
     prefix, sep = model.prefix, model.special['sep']
     seqs = [np.concatenate([prefix, t, [sep]]) for t in texts]
     ids, mask = pad(seqs, model.special['pad'], multiple)
@@ -769,8 +770,9 @@ def make_batch(model, texts, labels, multiple, rng=None, mlm_rate=0.0):
         gold = flat[pos].clone()
         r = torch.from_numpy(rng.random(len(pos)))
         flat[pos[r < 0.8]] = model.special['mask']
-        rand = pos[(r >= 0.8) & (r < 0.9)]
-        flat[rand] = torch.from_numpy(rng.integers(0, model.base_vocab, len(rand)))
+        rand = pos[(r >= 0.8) & (r < 0.9)]  # a random word-piece of the batch's text, never a special token
+        words = np.concatenate(texts)
+        flat[rand] = torch.from_numpy(words[rng.integers(0, len(words), len(rand))])
         if len(pos):  # decided here, on the CPU: a batch with nothing masked has no MLM term
             batch['mlm_pos'], batch['mlm_labels'] = pos, gold
     return batch
