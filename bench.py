@@ -78,7 +78,7 @@ def compare(fns, batches, device, rounds):
 def train_steps(args, device, rng):
     """ms per step and peak GiB of the floor, Prompt and LH-Mix steps on identical batches."""
     model = make_model(args.size, 'prompt', device)
-    max_text = 512 - len(model.prefix) - 1
+    max_text = model.text_budget(512)
     docs = documents(args.batch * args.steps, args.lengths, SIZES[args.size]['vocab_size'], max_text, rng)
     labels = [[int(rng.integers(7)), 7 + int(rng.integers(134))] for _ in docs]
     table = torch.randn(64, model.mlm.config.hidden_size)  # cached local hierarchies (on the CPU, as in train.py)
@@ -142,7 +142,7 @@ def profile(fns, batches, device):
 
 
 def eval_throughput(model, args, device, rng):
-    docs = documents(args.eval_docs, args.lengths, SIZES[args.size]['vocab_size'], 512 - len(model.prefix) - 1, rng)
+    docs = documents(args.eval_docs, args.lengths, SIZES[args.size]['vocab_size'], model.text_budget(512), rng)
     lhmix.predict(model, docs)  # warm-up: every bucket once
     if device.type == 'cuda':
         torch.cuda.synchronize()

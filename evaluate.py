@@ -157,11 +157,8 @@ def main(argv=None):
         if args.predictions:
             pred = read_predictions(args.predictions, hierarchy, len(docs))
         else:
-            model, tokenizer, meta = lhmix.load_checkpoint(args.ckpt, device)
-            if model.hierarchy.labels != hierarchy.labels:
-                raise ValueError(f'{args.ckpt}: its labels differ from those of --data {args.data}')
-            max_text = meta['args']['max_length'] - len(model.prefix) - 1
-            tokens, cut = lhmix.tokenize(tokenizer, [t for t, _ in docs], max_text)
+            model, tokenizer, meta = lhmix.load_checkpoint(args.ckpt, device, hierarchy)
+            tokens, cut = lhmix.tokenize(tokenizer, [t for t, _ in docs], model.text_budget(meta['args']['max_length']))
             t0 = time.time()
             pred = lhmix.predict(model, tokens, progress=True)
             print(f'{len(docs)} documents ({cut} truncated) in {time.time() - t0:.1f} s')

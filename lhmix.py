@@ -178,6 +178,10 @@ class LHMix(nn.Module):
             out.append(ids or [tokenizer.unk_token_id])
         return out
 
+    def text_budget(self, max_length):
+        """Word-pieces of text that fit `max_length` next to the prefix and the closing [SEP]."""
+        return max_length - len(self.prefix) - 1
+
     def encode(self, input_ids, attention_mask):
         return self.mlm.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
@@ -905,8 +909,9 @@ def save_checkpoint(folder, model, tokenizer, info, train_state=None):
     shutil.rmtree(old, ignore_errors=True)
 
 
-def load_checkpoint(folder, device='cpu'):
-    """(model, tokenizer, meta) from a folder written by save_checkpoint."""
+def load_checkpoint(folder, device='cpu', hierarchy=None):
+    """(model, tokenizer, meta) from a folder written by save_checkpoint; with `hierarchy`, checks
+    that the checkpoint's labels are those of the data it will be used on."""
     from safetensors.torch import load_model
     from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
     path = os.path.join(folder, 'lhmix.json')
@@ -915,6 +920,8 @@ def load_checkpoint(folder, device='cpu'):
     with open(path) as f:
         meta = json.load(f)
     mlm = AutoModelForMaskedLM.from_config(AutoConfig.from_pretrained(folder))
+    if hierarchy is not None and meta['hierarchy']['labels'] != hierarchy.labels:
+        raise ValueError(f'{folder}: its labels differ from those of the data')
     model = LHMix(mlm, Hierarchy.from_dict(meta['hierarchy']), meta['arch'], meta['base_vocab'], meta['special'])
     load_model(model, os.path.join(folder, 'model.safetensors'), device=str(device))
     return model.to(device), AutoTokenizer.from_pretrained(folder), meta

@@ -88,16 +88,14 @@ def main(argv=None):
             keep = np.random.default_rng(args.seed).permutation(len(train))[:math.ceil(args.train_fraction * len(train))]
             train = [train[i] for i in sorted(keep)]
         if args.resume:
-            model, tokenizer, meta = lhmix.load_checkpoint(last)
-            if model.hierarchy.labels != hierarchy.labels:
-                raise ValueError(f'{last}: its labels differ from those of --data {args.data}')
+            model, tokenizer, meta = lhmix.load_checkpoint(last, hierarchy=hierarchy)
         else:
             model, tokenizer = lhmix.build_model(args.model, hierarchy, args.arch, [t for t, _ in train])
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f'error: {e}')
     model.to(device)
-    max_text = args.max_length - len(model.prefix) - 1
-    if not 0 < max_text <= model.mlm.config.max_position_embeddings - len(model.prefix) - 1:
+    max_text = model.text_budget(args.max_length)
+    if not 0 < max_text <= model.text_budget(model.mlm.config.max_position_embeddings):
         sys.exit(f'error: --max-length {args.max_length} leaves {max_text} text tokens for this model')
     tokens, cut = {}, {}
     for name, docs in (('train', train), ('dev', splits['dev']), ('test', splits['test'])):
