@@ -84,10 +84,10 @@ def train_steps(args, device, rng):
     table = torch.randn(64, model.mlm.config.hidden_size)  # cached local hierarchies (on the CPU, as in train.py)
     rows = torch.from_numpy(rng.integers(0, 64, len(docs)))
     multiple = lhmix.pad_multiple(device)
-    order = lhmix.train_order([len(d) for d in docs], args.batch, rng)
+    order = lhmix.train_batches([len(d) for d in docs], args.batch, rng, paired=True)
     batches = [lhmix.make_batch(model, [docs[i] for i in idx], [labels[i] for i in idx], multiple, rng, 0.15)
-               for idx in order]
-    hier = [table[rows[idx]] for idx in order]
+               for idx, _ in order]
+    hier = [(table[rows[idx]], partner) for idx, partner in order]
     fused = device.type == 'cuda'
     encoder = model.mlm.base_model
     floor_opt = torch.optim.Adam(encoder.parameters(), lr=1e-5, fused=fused)
@@ -103,10 +103,10 @@ def train_steps(args, device, rng):
 
     def step(mix):
         def run(item):
-            b, h = item
-            if mix != 'none':  # as train.py: partners and ratios made on the CPU, copied with the batch
-                b = dict(b)
-                b['perm'], b['lam'] = lhmix.pair_and_ratio(mix, len(b['targets']), h)
+            b, (h, partner) = item
+            if mix != 'none':  # as train.py: ratios made on the CPU, copied with the batch
+                b = dict(b, partner=partner)
+                b['lam'] = lhmix.pair_ratios(mix, partner, h)
             b = lhmix.to_device(b, device)
             with lhmix.autocast(device):
                 loss = model(**b)
@@ -143,11 +143,11 @@ def profile(fns, batches, device):
 
 def eval_throughput(model, args, device, rng):
     docs = documents(args.eval_docs, args.lengths, SIZES[args.size]['vocab_size'], model.text_budget(512), rng)
-    lhmix.predict(model, docs)  # warm-up: every bucket once
+    lhmix.score_documents(model, docs)  # warm-up: every bucket once
     if device.type == 'cuda':
         torch.cuda.synchronize()
     t0 = time.perf_counter()
-    lhmix.predict(model, docs)
+    lhmix.score_documents(model, docs)
     return len(docs) / (time.perf_counter() - t0)
 
 

@@ -18,8 +18,66 @@ import time
 import numpy as np
 import torch
 
+import data
 import lhmix
-from lhmix import f1_scores, report  # noqa: F401  (they live in lhmix.py, which train.py shares)
+
+# -----------------------------------------------------------------------------
+# F1 as HiAGM and every HTC baseline compute it, with the paper's per-depth and frequency breakdown
+
+
+def f1_scores(predictions, gold, num_labels, labels=None):
+    """Micro-F1 over all label decisions and macro-F1 over ALL labels of the hierarchy (a label
+    neither predicted nor present scores 0), as HiAGM and every baseline compute them. Inputs are
+    (N, V) 0/1 arrays or lists of label-id collections; `labels` restricts both to a subset."""
+    P, G = (_as_matrix(x, num_labels) for x in (predictions, gold))
+    if labels is not None:
+        P, G = P[:, labels], G[:, labels]
+    tp = (P & G).sum(0).astype(float)
+    n_pred, n_gold = P.sum(0).astype(float), G.sum(0).astype(float)
+
+    def f1(tp, n_pred, n_gold):
+        p = np.divide(tp, n_pred, out=np.zeros_like(tp), where=n_pred > 0)
+        r = np.divide(tp, n_gold, out=np.zeros_like(tp), where=n_gold > 0)
+        return np.divide(2 * p * r, p + r, out=np.zeros_like(tp), where=p + r > 0)
+
+    per_label = f1(tp, n_pred, n_gold)
+    micro = f1(np.array([tp.sum()]), np.array([n_pred.sum()]), np.array([n_gold.sum()]))[0]
+    return {'micro_f1': float(micro), 'macro_f1': float(per_label.mean()) if len(per_label) else 0.0,
+            'per_label_f1': per_label.tolist()}
+
+
+def report(pred, gold, hierarchy, train_labels):
+    """Overall, per-depth and label-frequency-quartile F1 (the paper's Fig. 6 analysis; quartiles of
+    the labels by their count in `train_labels`, rarest first) of (N, V) bool predictions."""
+    V = len(hierarchy)
+    out = {k: v for k, v in f1_scores(pred, gold, V).items() if k != 'per_label_f1'}
+    out['per_depth'] = {}
+    for d, labels in enumerate(hierarchy.by_depth, 1):
+        f = f1_scores(pred, gold, V, labels)
+        out['per_depth'][d] = {'labels': len(labels), 'micro_f1': f['micro_f1'], 'macro_f1': f['macro_f1']}
+    counts = np.bincount([v for ls in train_labels for v in ls], minlength=V)
+    order = np.argsort(counts, kind='stable')  # rarest first
+    out['by_frequency'] = []
+    for q, labels in enumerate(np.array_split(order, 4), 1):
+        f = f1_scores(pred, gold, V, labels)
+        out['by_frequency'].append({'quartile': q, 'labels': len(labels), 'train_docs_min': int(counts[labels].min()),
+                                    'train_docs_max': int(counts[labels].max()), 'macro_f1': f['macro_f1'],
+                                    'micro_f1': f['micro_f1']})
+    return out
+
+
+def _as_matrix(x, num_labels):
+    if isinstance(x, np.ndarray) and x.ndim == 2:
+        return x.astype(bool)
+    m = np.zeros((len(x), num_labels), dtype=bool)
+    for i, ls in enumerate(x):
+        m[i, list(ls)] = True
+    return m
+
+
+# -----------------------------------------------------------------------------
+# Scoring a checkpoint or a prediction file
+
 
 
 def read_predictions(path, hierarchy, n):
@@ -33,6 +91,8 @@ def read_predictions(path, hierarchy, n):
             labels = json.loads(line)['labels']
         except (json.JSONDecodeError, KeyError, TypeError):
             raise ValueError(f'{path}:{i + 1}: expected {{"labels": [...]}}') from None
+        if not isinstance(labels, list) or not all(isinstance(v, str) for v in labels):
+            raise ValueError(f'{path}:{i + 1}: `labels` must be a list of label names (strings)')
         for v in labels:
             if v not in hierarchy.index:
                 raise ValueError(f'{path}:{i + 1}: label {v!r} is not in the hierarchy')
@@ -152,16 +212,16 @@ def main(argv=None):
     if device.type == 'cuda' and not torch.cuda.is_available():
         p.error(f'--device {args.device}: no CUDA GPU is available here')
     try:
-        hierarchy, splits = lhmix.load_data(args.data, args.data_dir)
+        hierarchy, splits = data.load_data(args.data, args.data_dir)
         docs = splits[args.split]
         if args.predictions:
             pred = read_predictions(args.predictions, hierarchy, len(docs))
         else:
             model, tokenizer, meta = lhmix.load_checkpoint(args.ckpt, device, hierarchy)
-            tokens, cut = lhmix.tokenize(tokenizer, [t for t, _ in docs], model.text_budget(meta['args']['max_length']))
+            tokens, cut = lhmix.tokenize(tokenizer, [t for t, _ in docs], model.text_budget(model.max_length))
             t0 = time.time()
-            pred = lhmix.predict(model, tokens, progress=True)
-            print(f'{len(docs)} documents ({cut} truncated) in {time.time() - t0:.1f} s')
+            pred = lhmix.score_documents(model, tokens) > 0
+            print(f'{len(docs)} documents ({cut} truncated to max_length {model.max_length}) in {time.time() - t0:.1f} s')
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f'error: {e}')
     result = report(pred, [ls for _, ls in docs], hierarchy, [ls for _, ls in splits['train']])

@@ -3,13 +3,14 @@
     python train.py --data demo                      # synthetic data + tiny BERT, about a minute on a CPU
     python train.py --data wos --data-dir data/wos   # the paper's setting (bert-base-uncased)
 
-Writes OUT/metrics.jsonl (a line per epoch), OUT/best/ and OUT/last/ (safetensors + JSON, written
-atomically) and OUT/test_metrics.json, and prints the test figures of the best-dev checkpoint.
+Writes OUT/metrics.jsonl (a line per epoch), OUT/best/ and OUT/last/ (checkpoints that survive a
+kill at any instant) and OUT/test_metrics.json, and prints the test figures of the best-dev checkpoint.
 """
 import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import time
 
@@ -17,174 +18,258 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+import data
+import evaluate
 import lhmix
 
-# defaults that depend on the data set; every other default is in parse() below
-DEFAULTS = dict(model='bert-base-uncased', epochs=100, warmup_epochs=5, lr=3e-5, max_length=512)
-DEMO_DEFAULTS = dict(model='tiny', epochs=12, warmup_epochs=4, lr=1e-3, max_length=128)
+# The paper's settings (Sec. 5.2): bert-base-uncased, Adam at 3e-5, batch 16, 5 epochs without Mixup
+# first, early stopping after 5 epochs without a better dev macro-F1, alpha 1 and beta 0.75 for Eq. 4.
+PAPER = dict(model='bert-base-uncased', arch='prompt', mix='lhmix', alpha=1.0, beta=0.75, mix_alpha=1.0,
+             zmlce_rows='depth', warmup_epochs=5, epochs=100, early_stop=5, batch=16, lr=3e-5,
+             max_length=512, seed=0, train_fraction=1.0)
+DEMO = dict(model='tiny', epochs=12, warmup_epochs=4, lr=1e-3, max_length=128)  # --data demo: a minute on a CPU
 MLM_RATE = 0.15  # HPT's auxiliary MLM loss masks 15% of the text word-pieces
+RESUMABLE = ('epochs', 'device')  # what --resume may change; every other argument is the run's own
 
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--data', required=True, help='wos | nyt | rcv1 | demo | PATH to a HiAGM-format folder')
     p.add_argument('--data-dir', help='where the data set lies (default data/wos, data/nyt, data/rcv1)')
-    p.add_argument('--model', help=f"HF id or local folder, or 'tiny' (default {DEFAULTS['model']}; "
-                                   f"demo: {DEMO_DEFAULTS['model']})")
-    p.add_argument('--arch', default='prompt', choices=['prompt', 'bert'],
-                   help='hierarchical prompt (the paper) or the flat [CLS] ablation')
-    p.add_argument('--mix', default='lhmix', choices=['none', 'mixup', 'lhmix'],
+    p.add_argument('--model', help="HF id or local folder, or 'tiny' (a small BERT built here)")
+    p.add_argument('--arch', choices=['prompt', 'bert'], help='hierarchical prompt (the paper) or the flat [CLS] ablation')
+    p.add_argument('--mix', choices=['none', 'mixup', 'lhmix'],
                    help='no Mixup, vanilla Mixup (Beta ratio) or LH-Mix (hierarchy-similarity ratio)')
-    p.add_argument('--alpha', type=float, default=1.0, help='alpha of Eq. 4 (> 0)')
-    p.add_argument('--beta', type=float, default=0.75, help='beta of Eq. 4, in (0.5, 1]')
-    p.add_argument('--mix-alpha', type=float, default=1.0, help='a of Beta(a, a) for vanilla Mixup')
-    p.add_argument('--warmup-epochs', type=int, help='epochs without Mixup first (default 5; demo 4)')
-    p.add_argument('--epochs', type=int, help='at most this many epochs (default 100; demo 12)')
-    p.add_argument('--early-stop', type=int, default=5, help='patience in epochs on dev macro-F1')
-    p.add_argument('--batch', type=int, default=16)
-    p.add_argument('--lr', type=float, help='Adam learning rate (default 3e-5; demo 1e-3)')
-    p.add_argument('--max-length', type=int, help='tokens per input, template included (default 512; demo 128)')
+    p.add_argument('--alpha', type=float, help='alpha of Eq. 4 (> 0)')
+    p.add_argument('--beta', type=float, help='beta of Eq. 4, in (0.5, 1]')
+    p.add_argument('--mix-alpha', type=float, help='a of Beta(a, a) for vanilla Mixup (> 0)')
+    p.add_argument('--zmlce-rows', choices=['depth', 'document'],
+                   help="ZMLCE rows: one per depth (the paper's Eq. 2) or one per document (the authors' code)")
+    p.add_argument('--warmup-epochs', type=int, help='epochs without Mixup first')
+    p.add_argument('--epochs', type=int, help='at most this many epochs')
+    p.add_argument('--early-stop', type=int, help='patience in epochs on dev macro-F1')
+    p.add_argument('--batch', type=int, help='documents per batch (even with Mixup: it pairs them)')
+    p.add_argument('--lr', type=float, help='Adam learning rate')
+    p.add_argument('--max-length', type=int, help='tokens per input, template included')
     p.add_argument('--no-mlm', action='store_true', help="drop HPT's auxiliary MLM loss (prompt arch)")
-    p.add_argument('--seed', type=int, default=0)
-    p.add_argument('--train-fraction', type=float, default=1.0, help='train on this seeded share (Fig. 3)')
+    p.add_argument('--seed', type=int)
+    p.add_argument('--train-fraction', type=float, help='train on this seeded share, in (0, 1] (Fig. 3)')
     p.add_argument('--out', help='output folder (default out/DATA-ARCH-MIX-sSEED)')
     p.add_argument('--resume', action='store_true', help='continue from OUT/last after a crash')
-    p.add_argument('--device', help='cuda or cpu (default: cuda when there is one)')
+    p.add_argument('--overwrite', action='store_true', help='replace an earlier run in OUT')
+    p.add_argument('--device', help='cpu, cuda or cuda:N (default: cuda when there is one)')
     args = p.parse_args(argv)
-    for k, v in (DEMO_DEFAULTS if args.data == 'demo' else DEFAULTS).items():
+    args.given = sorted(k for k in PAPER if getattr(args, k) is not None)  # for --resume's report
+    for k, v in {**PAPER, **(DEMO if args.data == 'demo' else {})}.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
-    if args.alpha <= 0:
-        p.error(f'--alpha must be > 0, got {args.alpha}')
-    if not 0.5 < args.beta <= 1:
-        p.error(f'--beta must lie in (0.5, 1], got {args.beta}')
-    if args.mix_alpha <= 0:
-        p.error(f'--mix-alpha must be > 0, got {args.mix_alpha}')
-    if not 0 < args.train_fraction <= 1:
-        p.error(f'--train-fraction must lie in (0, 1], got {args.train_fraction}')
-    if args.device is None:
-        args.device = 'cuda' if torch.cuda.is_available() else 'cpu'
-    if args.device.startswith('cuda') and not torch.cuda.is_available():
+    for flag in ('alpha', 'beta', 'mix_alpha', 'lr', 'train_fraction'):
+        if not math.isfinite(getattr(args, flag)):
+            p.error(f"--{flag.replace('_', '-')} must be a finite number, got {getattr(args, flag)}")
+    checks = [('alpha', args.alpha > 0, '> 0'), ('beta', 0.5 < args.beta <= 1, 'in (0.5, 1]'),
+              ('mix_alpha', args.mix_alpha > 0, '> 0'), ('lr', args.lr > 0, '> 0'),
+              ('train_fraction', 0 < args.train_fraction <= 1, 'in (0, 1]'), ('epochs', args.epochs >= 1, '>= 1'),
+              ('early_stop', args.early_stop >= 1, '>= 1'), ('warmup_epochs', args.warmup_epochs >= 0, '>= 0'),
+              ('batch', args.batch >= (1 if args.mix == 'none' else 2), '>= 1 (>= 2 with Mixup)'),
+              ('max_length', args.max_length >= 1, '>= 1')]
+    for flag, ok, what in checks:
+        if not ok:
+            p.error(f"--{flag.replace('_', '-')} must be {what}, got {getattr(args, flag)}")
+    if args.mix != 'none' and args.batch % 2:
+        p.error(f'--batch must be even with Mixup (documents are mixed in pairs), got {args.batch}')
+    args.device = args.device or ('cuda' if torch.cuda.is_available() else 'cpu')
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        p.error(f'--device {args.device}: unknown device (cpu, cuda or cuda:N)')
+    if device.type not in ('cpu', 'cuda'):
+        p.error(f'--device {args.device}: only cpu and cuda are supported')
+    if device.type == 'cuda' and not torch.cuda.is_available():
         p.error(f'--device {args.device}: no CUDA GPU is available here')
     args.out = args.out or os.path.join('out', f'{os.path.basename(args.data.rstrip("/"))}-{args.arch}-{args.mix}-s{args.seed}')
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        p.error(f'--out {args.out}: is a file, not a folder')
+    if args.resume and args.overwrite:
+        p.error('--resume and --overwrite exclude each other')
+    if not args.resume and not args.overwrite and os.path.isdir(args.out) and os.listdir(args.out):
+        p.error(f'--out {args.out}: holds an earlier run; continue it with --resume, replace it with '
+                '--overwrite, or choose another --out')
+    if args.resume and args.epochs <= args.warmup_epochs and args.mix != 'none':
+        pass  # the saved warm-up is checked after it is read
     return args
 
 
-def main(argv=None):
-    args = parse(argv)
+def resume_args(args):
+    """--resume continues the run as it was started: its saved arguments replace the command line's
+    (only RESUMABLE may change); anything given differently is reported."""
+    last = os.path.join(args.out, 'last')
+    meta = lhmix.read_checkpoint_meta(last)
+    saved = meta['args']
+    for k in args.given:
+        if k not in RESUMABLE and getattr(args, k) != saved[k]:
+            print(f'--resume: the run keeps its saved --{k.replace("_", "-")} {saved[k]} (not {getattr(args, k)})')
+    for k in ('data', 'data_dir'):
+        if getattr(args, k) != saved[k]:
+            print(f'--resume: the run keeps its saved --{k.replace("_", "-")} {saved[k]} (not {getattr(args, k)})')
+    vars(args).update({k: v for k, v in saved.items() if k in PAPER and k not in RESUMABLE
+                       or k in ('data', 'data_dir', 'no_mlm')})
+    return meta
+
+
+def setup(args):
+    """Everything a user can get wrong is checked here, before anything is written."""
     device = torch.device(args.device)
     torch.manual_seed(args.seed)
-    last = os.path.join(args.out, 'last')
-    if args.resume:  # the run continues as it was started; only --epochs and --device may change
-        if not os.path.exists(os.path.join(last, 'lhmix.json')):
-            sys.exit(f'error: --resume: no checkpoint at {last}')
-        with open(os.path.join(last, 'lhmix.json')) as f:
-            saved_args = json.load(f)['args']
-        vars(args).update({k: v for k, v in saved_args.items() if k not in ('epochs', 'device', 'out', 'resume')})
-    try:  # everything a user can get wrong is checked before anything is written
-        hierarchy, splits = lhmix.load_data(args.data, args.data_dir)
-        train = splits['train']
-        if args.train_fraction < 1:
-            keep = np.random.default_rng(args.seed).permutation(len(train))[:math.ceil(args.train_fraction * len(train))]
-            train = [train[i] for i in sorted(keep)]
-        if args.resume:
-            model, tokenizer, meta = lhmix.load_checkpoint(last, hierarchy=hierarchy)
-        else:
-            model, tokenizer = lhmix.build_model(args.model, hierarchy, args.arch, [t for t, _ in train])
-    except (ValueError, FileNotFoundError) as e:
-        sys.exit(f'error: {e}')
-    model.to(device)
+    meta = resume_args(args) if args.resume else None
+    hierarchy, splits = data.load_data(args.data, args.data_dir)
+    train = splits['train']
+    if args.train_fraction < 1:
+        keep = np.random.default_rng(args.seed).permutation(len(train))[:math.ceil(args.train_fraction * len(train))]
+        train = [train[i] for i in sorted(keep)]
+    if args.resume:
+        model, tokenizer, _ = lhmix.load_checkpoint(os.path.join(args.out, 'last'), hierarchy=hierarchy)
+    else:
+        mlm, tokenizer = (data.tiny_bert([t for t, _ in train] + hierarchy.names) if args.model == 'tiny'
+                          else lhmix.load_pretrained(args.model))
+        model = lhmix.build_model(mlm, tokenizer, hierarchy, args.arch, args.max_length)
     max_text = model.text_budget(args.max_length)
     if not 0 < max_text <= model.text_budget(model.mlm.config.max_position_embeddings):
-        sys.exit(f'error: --max-length {args.max_length} leaves {max_text} text tokens for this model')
+        raise ValueError(f'--max-length {args.max_length} leaves {max_text} text tokens for this model '
+                         f'(at most {model.mlm.config.max_position_embeddings} positions)')
+    if args.mix != 'none' and args.epochs <= args.warmup_epochs:
+        print(f'warning: --epochs {args.epochs} <= --warmup-epochs {args.warmup_epochs}: Mixup never starts')
     tokens, cut = {}, {}
     for name, docs in (('train', train), ('dev', splits['dev']), ('test', splits['test'])):
         tokens[name], cut[name] = lhmix.tokenize(tokenizer, [t for t, _ in docs], max_text)
     print(f'{len(hierarchy)} labels, depth {hierarchy.num_depths}; documents '
-          + ', '.join(f'{k} {len(v)}' for k, v in tokens.items()) + f'; truncated to --max-length {args.max_length}: '
-          + ', '.join(f'{k} {cut[k]}/{len(tokens[k])}' for k in tokens))
-    labels = [ls for _, ls in train]
-    dev_gold, test_gold = [ls for _, ls in splits['dev']], [ls for _, ls in splits['test']]
-
+          + ', '.join(f'{k} {len(v)}' for k, v in tokens.items()) + f'; cut to --max-length {args.max_length}: '
+          + ', '.join(f'{k} {cut[k]}' for k in tokens))
+    model.to(device)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr, fused=device.type == 'cuda')
-    fp16 = device.type == 'cuda' and not torch.cuda.is_bf16_supported()
-    scaler = torch.amp.GradScaler(device.type, enabled=fp16)
-    state = {'epoch': 0, 'best': -1.0, 'bad_epochs': 0}
-    table = rows = None
+    scaler = torch.amp.GradScaler(device.type, enabled=device.type == 'cuda' and not torch.cuda.is_bf16_supported())
+    run = argparse.Namespace(args=args, device=device, hierarchy=hierarchy, model=model, tokenizer=tokenizer,
+                             opt=opt, scaler=scaler, tokens=tokens, labels=[ls for _, ls in train],
+                             dev_gold=[ls for _, ls in splits['dev']], test_gold=[ls for _, ls in splits['test']],
+                             all_train=[ls for _, ls in splits['train']], table=None, rows=None, history=[],
+                             state={'epoch': 0, 'best': -1.0, 'bad_epochs': 0})
     if args.resume:
-        saved = torch.load(os.path.join(last, 'train_state.pt'), map_location='cpu', weights_only=True)
+        saved = torch.load(os.path.join(args.out, 'last', 'train_state.pt'), map_location='cpu', weights_only=True)
         opt.load_state_dict(saved['optimizer'])
         scaler.load_state_dict(saved['scaler'])
-        table, rows = saved.get('table'), saved.get('rows')
-        state = meta['state']
-    elif args.mix == 'lhmix':  # the initial encoder, frozen: encode every local hierarchy once
-        table, rows = lhmix.local_hierarchy_table(model, tokenizer, labels)
-        print(f'{len(table)} distinct local hierarchies encoded')
-    os.makedirs(args.out, exist_ok=True)
-    metrics_path = os.path.join(args.out, 'metrics.jsonl')
-    history = []
-    if args.resume and os.path.exists(metrics_path):
-        with open(metrics_path) as f:
-            history = [json.loads(line) for line in f if line.strip()]
-        history = [h for h in history if h['epoch'] < state['epoch']]
-    info = {'args': vars(args)}
-    multiple = lhmix.pad_multiple(device)
+        run.table, run.rows, run.state = saved.get('table'), saved.get('rows'), meta['state']
+        with open(os.path.join(args.out, 'metrics.jsonl')) as f:
+            run.history = [h for h in map(json.loads, f) if h['epoch'] < run.state['epoch']]
+    elif args.mix == 'lhmix':  # the initial encoder, frozen: encode every local hierarchy once (Sec. 4.1)
+        run.table, run.rows = lhmix.local_hierarchy_table(model, tokenizer, run.labels)
+        print(f'{len(run.table)} distinct local hierarchies encoded')
+    return run
+
+
+def train_epoch(run, epoch, bar):
+    """One pass over the training set; returns the epoch's metrics line (dev F1 included)."""
+    args, model, device = run.args, run.model, run.device
+    rng = np.random.default_rng([args.seed, epoch])  # per-epoch streams make --resume repeatable
+    torch.manual_seed(args.seed * 100003 + epoch)
+    mixing = args.mix != 'none' and epoch >= args.warmup_epochs
     mlm_rate = 0.0 if args.no_mlm or args.arch == 'bert' else MLM_RATE
+    multiple = lhmix.pad_multiple(device)
+    model.train()
+    t0, total, lams = time.time(), torch.zeros((), device=device), []
+    batches = lhmix.train_batches([len(t) for t in run.tokens['train']], args.batch, rng, paired=mixing)
+    for idx, partner in batches:
+        batch = lhmix.make_batch(model, [run.tokens['train'][i] for i in idx], [run.labels[i] for i in idx],
+                                 multiple, rng, mlm_rate)
+        if mixing:  # partners and ratios ride with the batch to the GPU
+            hier = run.table[run.rows[idx]] if args.mix == 'lhmix' else None  # cached local hierarchies
+            batch['partner'] = partner
+            batch['lam'] = lhmix.pair_ratios(args.mix, partner, hier, args.alpha, args.beta, args.mix_alpha)
+            lams.append(batch['lam'])
+        batch = lhmix.to_device(batch, device)
+        with lhmix.autocast(device):
+            loss = model(**batch, rows=args.zmlce_rows)
+        run.opt.zero_grad(set_to_none=True)
+        run.scaler.scale(loss).backward()
+        run.scaler.step(run.opt)
+        run.scaler.update()
+        total += loss.detach()  # summed on the device: no host sync inside the loop
+        bar.update(1)
+    seconds = time.time() - t0
+    train_loss = total.item() / len(batches)
+    if not math.isfinite(train_loss):
+        raise FloatingPointError(f'the training loss became {train_loss} in epoch {epoch} (try a lower --lr); '
+                                 'this epoch is not saved')
+    dev = evaluate.f1_scores(lhmix.score_documents(model, run.tokens['dev']) > 0, run.dev_gold, len(run.hierarchy))
+    line = {'epoch': epoch, 'mix': mixing, 'train_loss': train_loss, 'dev_micro_f1': dev['micro_f1'],
+            'dev_macro_f1': dev['macro_f1'], 'seconds': round(seconds, 2),
+            'samples_per_s': round(len(run.tokens['train']) / seconds, 1)}
+    if lams:  # the ratios actually used, for the README's lambda distribution
+        lam = torch.cat(lams).double().numpy()
+        line['lambda'] = {'mean': float(lam.mean()),
+                          'quantiles': dict(zip(('0', '5', '25', '50', '75', '95', '100'),
+                                                np.quantile(lam, [0, .05, .25, .5, .75, .95, 1]).tolist()))}
+    return line
 
-    for epoch in range(state['epoch'], args.epochs):
-        if state['bad_epochs'] >= args.early_stop:
-            print(f'early stop: dev macro-F1 has not improved for {args.early_stop} epochs')
-            break
-        rng = np.random.default_rng([args.seed, epoch])  # per-epoch streams make --resume repeatable
-        torch.manual_seed(args.seed * 100003 + epoch)
-        mixing = args.mix != 'none' and epoch >= args.warmup_epochs
-        model.train()
-        t0, total = time.time(), torch.zeros((), device=device)
-        order = lhmix.train_order([len(t) for t in tokens['train']], args.batch, rng)
-        for idx in tqdm(order, desc=f'epoch {epoch}' + (f' ({args.mix})' if mixing else ''), leave=False):
-            batch = lhmix.make_batch(model, [tokens['train'][i] for i in idx], [labels[i] for i in idx],
-                                     multiple, rng, mlm_rate)
-            if mixing:  # partners and ratios ride with the batch to the GPU
-                hier = table[rows[idx]] if args.mix == 'lhmix' else None  # cached local hierarchies
-                batch['perm'], batch['lam'] = lhmix.pair_and_ratio(args.mix, len(idx), hier, args.alpha,
-                                                                   args.beta, args.mix_alpha)
-            batch = lhmix.to_device(batch, device)
-            with lhmix.autocast(device):
-                loss = model(**batch)
-            opt.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            total += loss.detach()  # summed on the device: no host sync inside the loop
-        seconds = time.time() - t0
-        dev = lhmix.f1_scores(lhmix.predict(model, tokens['dev']), dev_gold, len(hierarchy))
-        line = {'epoch': epoch, 'mix': mixing, 'train_loss': total.item() / len(order),
-                'dev_micro_f1': dev['micro_f1'], 'dev_macro_f1': dev['macro_f1'],
-                'seconds': round(seconds, 2), 'samples_per_s': round(len(tokens['train']) / seconds, 1)}
-        history.append(line)
-        print(json.dumps(line))
-        if dev['macro_f1'] > state['best']:
-            state['best'], state['bad_epochs'] = dev['macro_f1'], 0
-            lhmix.save_checkpoint(os.path.join(args.out, 'best'), model, tokenizer, {**info, 'epoch': epoch, 'dev': line})
-        else:
-            state['bad_epochs'] += 1
-        # metrics first: a crash before `last` is written re-runs this epoch and drops its old line
-        with open(metrics_path + '.tmp', 'w') as f:
-            f.writelines(json.dumps(h) + '\n' for h in history)
-        os.replace(metrics_path + '.tmp', metrics_path)
-        state['epoch'] = epoch + 1
-        extra = {'optimizer': opt.state_dict(), 'scaler': scaler.state_dict()}
-        if table is not None:
-            extra.update(table=table, rows=rows)
-        lhmix.save_checkpoint(last, model, tokenizer, {**info, 'state': state}, extra)
 
-    best, _, meta = lhmix.load_checkpoint(os.path.join(args.out, 'best'), device)
-    result = lhmix.report(lhmix.predict(best, tokens['test']), test_gold, hierarchy, [ls for _, ls in splits['train']])
+def save_epoch(run, line):
+    """best/ when dev macro-F1 improved, metrics.jsonl, then last/ (a kill between them re-runs the
+    epoch on --resume and replaces its metrics line)."""
+    args, info = run.args, {'args': {k: v for k, v in vars(run.args).items() if k != 'given'}}
+    run.history.append(line)
+    if line['dev_macro_f1'] > run.state['best']:
+        run.state['best'], run.state['bad_epochs'] = line['dev_macro_f1'], 0
+        lhmix.save_checkpoint(os.path.join(args.out, 'best'), run.model, run.tokenizer,
+                              {**info, 'epoch': line['epoch'], 'dev': line})
+    else:
+        run.state['bad_epochs'] += 1
+    path = os.path.join(args.out, 'metrics.jsonl')
+    with open(path + '.tmp', 'w') as f:
+        f.writelines(json.dumps(h) + '\n' for h in run.history)
+    os.replace(path + '.tmp', path)
+    run.state['epoch'] = line['epoch'] + 1
+    extra = {'optimizer': run.opt.state_dict(), 'scaler': run.scaler.state_dict()}
+    if run.table is not None:
+        extra.update(table=run.table, rows=run.rows)
+    lhmix.save_checkpoint(os.path.join(args.out, 'last'), run.model, run.tokenizer, {**info, 'state': run.state}, extra)
+
+
+def finish(run):
+    """The test figures of the best-dev checkpoint, as evaluate.py computes them."""
+    args = run.args
+    best, _, meta = lhmix.load_checkpoint(os.path.join(args.out, 'best'), run.device)
+    pred = lhmix.score_documents(best, run.tokens['test']) > 0
+    result = evaluate.report(pred, run.test_gold, run.hierarchy, run.all_train)
     result.update(best_epoch=meta['epoch'], checkpoint=os.path.join(args.out, 'best'))
     with open(os.path.join(args.out, 'test_metrics.json'), 'w') as f:
         json.dump(result, f, indent=1)
     print(f"test micro-F1 {100 * result['micro_f1']:.2f}  macro-F1 {100 * result['macro_f1']:.2f}  "
           f"(best dev epoch {meta['epoch']}, {args.out})")
+
+
+def main(argv=None):
+    args = parse(argv)
+    try:
+        run = setup(args)
+    except (ValueError, FileNotFoundError) as e:
+        sys.exit(f'error: {e}')
+    if args.overwrite:
+        shutil.rmtree(args.out, ignore_errors=True)
+    os.makedirs(args.out, exist_ok=True)
+    steps = -(-len(run.tokens['train']) // args.batch)
+    # one bar for the run (stderr); off when stderr is not a terminal, where the epoch lines say it all
+    with tqdm(total=steps * (args.epochs - run.state['epoch']), desc='train', disable=None, dynamic_ncols=True) as bar:
+        for epoch in range(run.state['epoch'], args.epochs):
+            if run.state['bad_epochs'] >= args.early_stop:
+                tqdm.write(f'early stop: dev macro-F1 has not improved for {args.early_stop} epochs')
+                break
+            try:
+                line = train_epoch(run, epoch, bar)
+            except FloatingPointError as e:
+                sys.exit(f'error: {e}')
+            tqdm.write(f"epoch {epoch:3d}  loss {line['train_loss']:.4f}  dev micro-F1 {100 * line['dev_micro_f1']:.2f}  "
+                       f"macro-F1 {100 * line['dev_macro_f1']:.2f}  {line['seconds']:.1f} s"
+                       + (f"  mixup, mean lambda {line['lambda']['mean']:.3f}" if line['mix'] else ''))
+            save_epoch(run, line)
+    finish(run)
 
 
 if __name__ == '__main__':

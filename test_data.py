@@ -1,0 +1,220 @@
+"""Tests of data.py: HPT's WOS pipeline, HiAGM/HPT-format folders, the demo set.
+
+Every expected value is computed here, independently, by hand or from the rule as HPT's scripts
+state it. Nothing is downloaded: files are written to tmp_path.
+"""
+import io
+import json
+import os
+import re
+import zipfile
+from xml.sax.saxutils import escape
+
+import numpy as np
+import pytest
+
+import data
+
+
+def write_lines(path, lines):
+    path.write_text(''.join(line + '\n' for line in lines), encoding='utf-8')
+    return str(path)
+
+
+# -----------------------------------------------------------------------------
+# Data: HPT's WOS split, the raw WOS table, HiAGM folders
+
+# Reference indices from HPT's procedure, computed once with scikit-learn 1.9.1 / numpy 2.4.6 in a
+# scratch venv outside the repo:
+#   np.random.seed(7); ids = list(range(n)); np.random.shuffle(ids)
+#   train, test = train_test_split(np.array(ids), test_size=0.2, random_state=0)
+#   train, dev = train_test_split(train, test_size=0.2, random_state=0)
+# per part: (size, first 5, last 5, sum)
+HPT_SPLITS = {
+    46985: [(30070, [43817, 20131, 22368, 39288, 2020], [9969, 15033, 9845, 45162, 4403], 707290864),
+            (7518, [14007, 3595, 10052, 36681, 27854], [12068, 24437, 41392, 42263, 43718], 174041775),
+            (9397, [539, 27780, 37168, 22575, 17027], [38415, 4448, 35701, 32750, 25472], 222438981)],
+    1000: [(640, [893, 648, 469, 973, 228], [455, 766, 358, 877, 704], 325022),
+           (160, [273, 367, 352, 31, 38], [150, 437, 330, 254, 540], 76559),
+           (200, [919, 721, 570, 815, 439], [246, 67, 870, 468, 148], 97919)],
+    37: [(23, [1, 25, 3, 32, 22], [23, 24, 18, 2, 11], 437),
+         (6, [28, 10, 31, 15, 21], [10, 31, 15, 21, 5], 110),
+         (8, [26, 6, 12, 34, 7], [34, 7, 14, 0, 20], 119)],
+}
+HPT_SPLIT_12 = ([2, 8, 1, 5, 10, 9, 6], [7, 3], [11, 4, 0])  # the same procedure, n = 12, in full
+
+
+@pytest.mark.parametrize('n', sorted(HPT_SPLITS))
+def test_wos_split_equals_hpt(n):
+    parts = data.wos_split(n)
+    for part, (size, head, tail, total) in zip(parts, HPT_SPLITS[n]):
+        assert (len(part), list(part[:5]), list(part[-5:]), int(part.sum())) == (size, head, tail, total)
+    assert sorted(np.concatenate(parts).tolist()) == list(range(n))  # disjoint and covering
+
+
+def test_wos_split_small_n_in_full():
+    assert [p.tolist() for p in data.wos_split(12)] == [list(p) for p in HPT_SPLIT_12]
+
+
+# (Y1, Y2, Domain, area, Abstract, the abstract cleaned by hand as HPT's clean_str + stop words + 1-letter)
+WOS_ROWS = [
+    ('0', '0', 'CS ', 'Machine learning', '"We propose a NEW method, for (deep) learning; it\'s 2x faster!"',
+     "propose new method deep learning 's 2x faster"),
+    ('0', '0', 'CS', 'Machine Learning ', 'Kernels in R are used. A b c', 'kernels used'),
+    ('0', '0', 'CS', 'Machine learning', 'Gradient descent converges', 'gradient descent converges'),
+    ('0', '0', 'CS', 'Machine learning', "Neural networks: don't overfit?", "neural networks n't overfit"),
+    ('0', '1', 'CS', 'Cryptography', 'Lattice-based encryption & keys', 'lattice based encryption keys'),
+    ('1', '0', 'Medical', 'Depression ', 'Patients with mood disorders', 'patients mood disorders'),
+    ('1', '0', 'Medical', 'Depression', 'Cells were "stained" with X-ray dye & imaged at 40 \u03bcm.',
+     'cells stained ray dye imaged 40'),
+    ('1', '1', 'Medical', 'Cancer', 'Tumour growth in mice', 'tumour growth mice'),
+    ('2', '0', 'Psychology', 'Depression', 'Cognitive therapy trial', 'cognitive therapy trial'),
+    ('2', '1', 'Psychology', 'Attention', 'Visual attention and memory', 'visual attention memory'),
+    ('2', '1', 'Psychology ', 'Attention', 'Selective attention tasks', 'selective attention tasks'),
+    ('1', '1', 'Medical', 'Cancer', 'Chemotherapy outcomes (2019)', 'chemotherapy outcomes 2019'),
+]
+WOS_HEADER = ['Y1', 'Y2', 'Y', 'Domain', 'area', 'keywords', 'Abstract']
+
+
+def wos_table():
+    return [WOS_HEADER] + [[y1, y2, str(2 * int(y1) + int(y2)), dom, area, 'kw; kw2', text]
+                           for y1, y2, dom, area, text, _ in WOS_ROWS]
+
+
+def write_data_txt(folder):
+    os.makedirs(folder, exist_ok=True)
+    return write_lines(folder / 'Data.txt', ['\t'.join(r) for r in wos_table()])
+
+
+def xlsx_bytes(rows):
+    """A minimal .xlsx: text cells as shared strings, Y1/Y2/Y as numbers."""
+    ns = 'http://schemas.openxmlformats.org/spreadsheetml/2006/main'
+    strings = []
+    xml_rows = []
+    for r, row in enumerate(rows, 1):
+        cells = []
+        for col, value in zip('ABCDEFG', row):
+            if r > 1 and col in 'ABC':
+                cells.append(f'<c r="{col}{r}"><v>{value}</v></c>')
+            else:
+                strings.append(value)
+                cells.append(f'<c r="{col}{r}" t="s"><v>{len(strings) - 1}</v></c>')
+        xml_rows.append(f'<row r="{r}">{"".join(cells)}</row>')
+    head = '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
+    files = {
+        '[Content_Types].xml': head + '<Types xmlns="http://schemas.openxmlformats.org/package/2006/content-types">'
+        '<Default Extension="xml" ContentType="application/xml"/>'
+        '<Override PartName="/xl/workbook.xml" ContentType="application/'
+        'vnd.openxmlformats-officedocument.spreadsheetml.sheet.main+xml"/></Types>',
+        'xl/workbook.xml': head + f'<workbook xmlns="{ns}" xmlns:r="http://schemas.openxmlformats.org/'
+        'officeDocument/2006/relationships"><sheets><sheet name="Sheet1" sheetId="1" r:id="rId1"/></sheets></workbook>',
+        'xl/worksheets/sheet1.xml': head + f'<worksheet xmlns="{ns}"><sheetData>{"".join(xml_rows)}</sheetData>'
+        '</worksheet>',
+        'xl/sharedStrings.xml': head + f'<sst xmlns="{ns}" count="{len(strings)}">'
+        + ''.join(f'<si><t xml:space="preserve">{escape(s)}</t></si>' for s in strings) + '</sst>',
+    }
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, 'w') as z:
+        for name, text in files.items():
+            z.writestr(name, text.encode('utf-8'))
+    return buf.getvalue()
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    import urllib.request
+
+    def refuse(*args, **kwargs):
+        raise OSError('no network in tests')
+    monkeypatch.setattr(urllib.request, 'urlopen', refuse)
+
+
+def test_load_wos_from_data_txt(tmp_path, no_network):
+    write_data_txt(tmp_path)
+    h, splits = data.load_wos(str(tmp_path))
+    assert h.labels == ['CS', 'Medical', 'Psychology', 'Machine learning', 'Cryptography',
+                        'Depression (Medical)', 'Cancer', 'Depression (Psychology)', 'Attention']
+    assert h.names == ['CS', 'Medical', 'Psychology', 'Machine learning', 'Cryptography',
+                       'Depression', 'Cancer', 'Depression', 'Attention']  # the frequent spelling wins
+    assert h.depth == [1, 1, 1, 2, 2, 2, 2, 2, 2] and h.parent == [-1, -1, -1, 0, 0, 1, 1, 2, 2]
+    # domains sorted by name (CS 0, Medical 1, Psychology 2: the Y1 codes here), then areas by (Y1, Y2)
+    area_id = {('0', '0'): 3, ('0', '1'): 4, ('1', '0'): 5, ('1', '1'): 6, ('2', '0'): 7, ('2', '1'): 8}
+    docs = [(clean, [int(y1), area_id[y1, y2]]) for y1, y2, _, _, _, clean in WOS_ROWS]
+    for name, idx in zip(('train', 'dev', 'test'), HPT_SPLIT_12):
+        assert splits[name] == [docs[i] for i in idx]
+
+
+def test_load_wos_xlsx_and_zip_parse_like_data_txt(tmp_path, no_network):
+    write_data_txt(tmp_path / 'txt')
+    (tmp_path / 'xlsx').mkdir()
+    (tmp_path / 'xlsx' / 'Data.xlsx').write_bytes(xlsx_bytes(wos_table()))
+    (tmp_path / 'zip').mkdir()
+    with zipfile.ZipFile(tmp_path / 'zip' / 'WebOfScience.zip', 'w') as z:
+        z.writestr('Meta-data/Data.xlsx', xlsx_bytes(wos_table()))
+    h0, s0 = data.load_wos(str(tmp_path / 'txt'))
+    for folder in ('xlsx', 'zip'):
+        h, s = data.load_wos(str(tmp_path / folder))
+        assert (h.labels, h.names, h.parent) == (h0.labels, h0.names, h0.parent)
+        assert s == s0
+
+
+def test_load_wos_missing_files_no_download(tmp_path, no_network):
+    folder = tmp_path / 'wos'
+    folder.mkdir()
+    with pytest.raises(FileNotFoundError) as e:
+        data.load_wos(str(folder))
+    assert str(folder) in str(e.value) and 'Data.txt' in str(e.value)
+    assert os.listdir(folder) == []  # no partial download left behind
+
+
+def test_load_wos_wrong_field_count_names_line(tmp_path):
+    rows = ['\t'.join(r) for r in wos_table()]
+    rows[3] = rows[3].rsplit('\t', 1)[0]  # line 4: the abstract is missing
+    path = write_lines(tmp_path / 'Data.txt', rows)
+    with pytest.raises(ValueError, match=re.escape(f'{path}:4:')):
+        data.load_wos(str(tmp_path))
+
+
+def test_load_wos_line_number_counts_blank_lines(tmp_path):
+    rows = ['\t'.join(r) for r in wos_table()]
+    rows[3] = rows[3].rsplit('\t', 1)[0]
+    path = write_lines(tmp_path / 'Data.txt', rows[:2] + [''] + rows[2:])  # the bad row is now line 5
+    with pytest.raises(ValueError, match=re.escape(f'{path}:5:')):
+        data.load_wos(str(tmp_path))
+
+
+def write_hiagm(folder, train_lines=None, val_lines=None):
+    folder.mkdir(parents=True, exist_ok=True)
+    write_lines(folder / 'toy.taxonomy', ['Root\tCCAT\tGCAT', 'CCAT\tC15\tC17', 'C15\tC151'])
+    write_lines(folder / 'label_names.tsv', ['CCAT\tCorporate/Industrial', 'C15\tPerformance'])
+    write_lines(folder / 'toy_train.json', train_lines or [
+        json.dumps({'token': ['profits', 'rose'], 'label': ['C151']}), '',
+        json.dumps({'doc_token': 'markets fell', 'doc_label': ['GCAT', 'C17']})])
+    write_lines(folder / 'toy_val.json', val_lines or [json.dumps({'token': 'war news', 'label': ['GCAT']})])
+    write_lines(folder / 'toy_test.json', [json.dumps({'token': ['a', 'b'], 'label': ['C15', 'GCAT']})])
+    return folder
+
+
+def test_load_hiagm(tmp_path):
+    h, splits = data.load_hiagm(str(write_hiagm(tmp_path)))
+    assert h.labels == ['CCAT', 'GCAT', 'C15', 'C17', 'C151']
+    assert h.names == ['Corporate/Industrial', 'GCAT', 'Performance', 'C17', 'C151']
+    assert splits['train'] == [('profits rose', [0, 2, 4]), ('markets fell', [0, 1, 3])]  # closed upward
+    assert splits['dev'] == [('war news', [1])]
+    assert splits['test'] == [('a b', [0, 1, 2])]
+
+
+def test_load_hiagm_bad_lines(tmp_path):
+    good = json.dumps({'token': 'x', 'label': ['GCAT']})
+    bad = write_hiagm(tmp_path / 'bad', val_lines=[good, '{"token": "x", "label": ['])
+    with pytest.raises(ValueError, match=re.escape(f"{bad / 'toy_val.json'}:2: malformed JSON")):
+        data.load_hiagm(str(bad))
+    unknown = write_hiagm(tmp_path / 'unknown', train_lines=[good, good, json.dumps({'token': 'x', 'label': ['NOPE']})])
+    with pytest.raises(ValueError, match=re.escape(f"{unknown / 'toy_train.json'}:3: label 'NOPE'")):
+        data.load_hiagm(str(unknown))
+
+
+def test_load_hiagm_json_line_not_an_object(tmp_path):
+    folder = write_hiagm(tmp_path, val_lines=['[1, 2]'])
+    with pytest.raises(ValueError, match=re.escape(f"{folder / 'toy_val.json'}:1:")):
+        data.load_hiagm(str(folder))
