@@ -19,26 +19,30 @@ from lhmix import Hierarchy
 
 WOS_URL = ('https://data.mendeley.com/datasets/9rw3vkcfy4/6/files/'
            'c9ea673d-5542-44c0-ab7b-f1311f7d61df/WebOfScience.zip?dl=1')
-# NLTK's English stop words, as HPT's WOS preprocessing removes them
-STOPWORDS = set("""i me my myself we our ours ourselves you you're you've you'll you'd your yours yourself
-yourselves he him his himself she she's her hers herself it it's its itself they them their theirs themselves
-what which who whom this that that'll these those am is are was were be been being have has had having do does
-did doing a an the and but if or because as until while of at by for with about against between into through
-during before after above below to from up down in out on off over under again further then once here there when
-where why how all any both each few more most other some such no nor not only own same so than too very s t can
-will just don don't should should've now d ll m o re ve y ain aren aren't couldn couldn't didn didn't doesn
-doesn't hadn hadn't hasn hasn't haven haven't isn isn't ma mightn mightn't mustn mustn't needn needn't shan
-shan't shouldn shouldn't wasn wasn't weren weren't won won't wouldn wouldn't""".split())
 
 
-def clean_wos(text):
-    """HPT's WOS cleaning (HiAGM's clean_str, then stop words and 1-letter words removed, lower-cased)."""
-    s = re.sub(r"[^A-Za-z0-9(),!?\.\'\`]", ' ', text.strip().strip('"'))
-    for a, b in ((r"\'s", " 's"), (r"\'ve", " 've"), (r"n\'t", " n't"), (r"\'re", " 're"),
-                 (r"\'d", " 'd"), (r"\'ll", " 'll"), (r'[,\.\"!\(\)\?]', ' ')):
-        s = re.sub(a, b, s)
-    s = re.sub(r'\s{2,}', ' ', s).strip().lower()
-    return ' '.join(w for w in s.split() if w not in STOPWORDS and len(w) > 1)
+def clean_str(text):
+    """HPT's clean_str (preprocess_wos.py): strip whitespace, then surrounding `"`; split off the
+    contractions 's 've n't 're 'd 'll (case-sensitive); collapse runs of whitespace; lower-case.
+    Punctuation and stop words stay (HPT commented out HiAGM's removal of both)."""
+    s = text.strip().strip('"')
+    for c in ("'s", "'ve", "n't", "'re", "'d", "'ll"):
+        s = s.replace(c, ' ' + c)  # HPT's re.sub(r"\'s", " \'s", ...): a plain replacement
+    return re.sub(r'\s{2,}', ' ', s).strip().lower()
+
+
+def _read_lines(path):
+    """[(line number, line without its newline)] of a UTF-8 text file, split as open() splits it
+    (\\n, \\r\\n or \\r); a byte that is not UTF-8 is an error naming the file and the line."""
+    with open(path, 'rb') as f:
+        raw = f.read()
+    raw = raw[3:] if raw.startswith(b'\xef\xbb\xbf') else raw  # a BOM from Excel/Notepad is not text
+    try:
+        text = raw.decode('utf-8')
+    except UnicodeDecodeError as e:
+        n = io.StringIO(raw[:e.start].decode('utf-8'), newline=None).read().count('\n') + 1
+        raise ValueError(f'{path}:{n}: not UTF-8 (byte {raw[e.start]:#04x}); save the file as UTF-8') from None
+    return [(n, line.rstrip('\n')) for n, line in enumerate(io.StringIO(text, newline=None), 1)]
 
 
 def wos_split(n):
@@ -88,8 +92,7 @@ def _wos_rows(folder):
     """(source, [(line, fields)]) of WOS-46985's Meta-data table from Data.txt, Data.xlsx or the zip."""
     txt, xlsx, archive = (os.path.join(folder, f) for f in ('Data.txt', 'Data.xlsx', 'WebOfScience.zip'))
     if os.path.exists(txt):
-        with open(txt, encoding='utf-8') as f:
-            return txt, [(n, line.rstrip('\n').split('\t')) for n, line in enumerate(f, 1) if line.strip()]
+        return txt, [(n, line.split('\t')) for n, line in _read_lines(txt) if line.strip()]
     if os.path.exists(xlsx):
         with open(xlsx, 'rb') as f:
             return xlsx, list(enumerate(_xlsx_rows(f.read()), 1))
@@ -124,50 +127,75 @@ def _download(url, path):
 
 
 def load_wos(folder):
-    """WOS-46985 preprocessed as HPT: Abstract cleaned, Domain (depth 1) -> area (depth 2), one area
-    name per (Y1, Y2) code (its most frequent spelling); HPT's split. Returns (hierarchy, splits)."""
+    """WOS-46985 as HPT's preprocess_wos.py + data_wos.py build it: text = clean_str(Abstract); labels
+    Domain (depth 1) -> area (depth 2) with HPT's area names (hpt_areas); ids as data_wos.py gives
+    them: domains, then areas, each in order of first appearance; HPT's split. Returns (hierarchy, splits)."""
     source, numbered = _wos_rows(folder)
     if not numbered:
         raise ValueError(f'{source}: empty')
     n, header = numbered[0][0], [c.strip() for c in numbered[0][1]]
     if header[:7] != ['Y1', 'Y2', 'Y', 'Domain', 'area', 'keywords', 'Abstract']:
         raise ValueError(f'{source}:{n}: expected the header Y1 Y2 Y Domain area keywords Abstract, got {header}')
+    if len(numbered) == 1:
+        raise ValueError(f'{source}: no rows after the header')
     for n, r in numbered[1:]:
         if len(r) != 7:
             raise ValueError(f'{source}:{n}: expected 7 tab-separated fields, found {len(r)}')
+        if not r[3].strip() or not r[4].strip():
+            raise ValueError(f'{source}:{n}: empty Domain or area')
     rows = [r for _, r in numbered[1:]]
-    domain_of = {y1: c.most_common(1)[0][0] for y1, c in _count(rows, 0, 3).items()}
-    area_of = {code: c.most_common(1)[0][0] for code, c in _count(rows, (0, 1), 4).items()}
-    areas = Counter(a for a in area_of.values())  # an area name used under two codes gets its domain
-    key = {code: a if areas[a] == 1 else f'{a} ({domain_of[code[0]]})' for code, a in area_of.items()}
-    parents = {d: None for d in sorted(set(domain_of.values()))}
-    names = dict(zip(parents, parents))
-    for code in sorted(key, key=lambda c: (c[0].zfill(9), c[1].zfill(9))):  # numeric order of the codes
-        parents[key[code]], names[key[code]] = domain_of[code[0]], area_of[code]
+    pairs = list(zip((r[3].strip() for r in rows), hpt_areas(rows)))
+    domains = list(dict.fromkeys(d for d, _ in pairs))
+    first = {a: i for i, a in reversed(list(enumerate(a for _, a in pairs)))}  # row where a name first occurs
+    owners = Counter(a for _, a in dict.fromkeys(pairs))
+    # data_wos.py keys labels by name; a name under two domains (or a domain's name) would be one label
+    # with two parents there, which is no tree: such an area keeps its domain in its key. The full
+    # WOS file has none (hpt.md), so its labels are exactly HPT's.
+    key = {(d, a): a if owners[a] == 1 and a not in domains else f'{a} ({d})' for d, a in pairs}
+    parents, names = {d: None for d in domains}, {d: d for d in domains}
+    for d, a in sorted(dict.fromkeys(pairs), key=lambda p: first[p[1]]):
+        parents[key[d, a]], names[key[d, a]] = d, a
     hierarchy = Hierarchy(parents, names)
-    docs = [(clean_wos(r[6]), [hierarchy.index[domain_of[r[0]]], hierarchy.index[key[(r[0], r[1])]]])
-            for r in rows]
-    return hierarchy, {s: [docs[i] for i in idx] for s, idx in zip(('train', 'dev', 'test'), wos_split(len(docs)))}
+    docs = [(clean_str(r[6]), [hierarchy.index[d], hierarchy.index[key[d, a]]]) for r, (d, a) in zip(rows, pairs)]
+    splits = {s: [docs[i] for i in idx] for s, idx in zip(('train', 'dev', 'test'), wos_split(len(docs)))}
+    for s, part in splits.items():
+        if not part:
+            raise ValueError(f'{source}: {len(docs)} rows leave the {s} split empty (HPT splits 64/16/20 %)')
+    return hierarchy, splits
 
 
-def _count(rows, key_cols, value_col):
-    out = {}
+def hpt_areas(rows):
+    """The area name of each row as preprocess_wos.py gives it. In file order, each code Y1-Y2 keeps
+    the distinct (stripped) area names seen so far, the row's own appended first; the row's name becomes
+    the first of them that is more frequent in the row's domain over the whole file (HPT hard-codes
+    these counts, `stats`: they are the file's own), else stays."""
+    count = Counter((r[3].strip(), r[4].strip()) for r in rows)
+    seen, out = {}, []
     for r in rows:
-        k = r[key_cols] if isinstance(key_cols, int) else tuple(r[c] for c in key_cols)
-        out.setdefault(k, Counter())[r[value_col].strip()] += 1
+        domain, area = r[3].strip(), r[4].strip()
+        names = seen.setdefault(r[0] + '-' + r[1], [])  # HPT's code: the raw strings
+        if area not in names:
+            names.append(area)
+        out.append(next((a for a in names if count[domain, a] > count[domain, area]), area))
     return out
 
 
 def load_hiagm(folder):
     """A folder in the HiAGM format: *_train.json, *_dev.json (or *_val.json), *_test.json (one JSON
     object a line: text in `token` or `doc_token`, label names in `label` or `doc_label`), one
-    *.taxonomy, and optionally label_names.tsv (code<TAB>readable name). Labels are closed upward."""
+    *.taxonomy (HPT's WOS: wos.taxnomy), and optionally label_names.tsv (code<TAB>readable name).
+    The folders HPT's data_*.py write hold label ids instead, with value_dict.pt (id -> name) beside
+    them: ids are read through it (resolve_ids). Labels are closed upward."""
     if not os.path.isdir(folder):
         raise FileNotFoundError(f'data folder {folder!r} does not exist')
     files = sorted(os.listdir(folder))
+    own = os.path.basename(os.path.normpath(folder)) + '_'
 
     def one(suffixes, what):
         found = [f for f in files if f.endswith(suffixes)]
+        if len(found) > 1 and sum(f.startswith(own) for f in found) == 1:
+            # HPT's WOS folder also holds preprocess_wos.py's wos_*.json; its train.py reads {folder}_{split}.json
+            found = [f for f in found if f.startswith(own)]
         if len(found) != 1:
             raise FileNotFoundError(f'{folder!r}: expected one {what} file, found {found or "none"}')
         return os.path.join(folder, found[0])
@@ -175,38 +203,104 @@ def load_hiagm(folder):
     names = {}
     names_file = os.path.join(folder, 'label_names.tsv')
     if os.path.exists(names_file):
-        with open(names_file, encoding='utf-8') as f:
-            for n, line in enumerate(f, 1):
-                if line.strip():
-                    code, _, name = line.rstrip('\n').partition('\t')
-                    if not name.strip():
-                        raise ValueError(f'{names_file}:{n}: expected code<TAB>name')
-                    names[code.strip()] = name.strip()
-    taxonomy = one(('.taxonomy',), '*.taxonomy')
-    hierarchy = Hierarchy.from_taxonomy(taxonomy, names)
-    splits = {}
+        for n, line in _read_lines(names_file):
+            if line.strip():
+                code, _, name = line.partition('\t')
+                if not name.strip():
+                    raise ValueError(f'{names_file}:{n}: expected code<TAB>name')
+                names[code.strip()] = name.strip()
+    taxonomy = one(('.taxonomy', '.taxnomy'), '*.taxonomy (or wos.taxnomy)')
+    if not any(line.strip() for _, line in _read_lines(taxonomy)):  # also checks it is UTF-8
+        raise ValueError(f'{taxonomy}: empty (expected lines parent<TAB>child<TAB>child..., the first parent Root)')
+    hierarchy = Hierarchy.from_taxonomy(taxonomy)
+    value_dict_file = os.path.join(folder, 'value_dict.pt')
+    value_dict = _load_value_dict(value_dict_file) if os.path.exists(value_dict_file) else None
+    raw = {}
     for split, suffixes in (('train', ('_train.json',)), ('dev', ('_dev.json', '_val.json')), ('test', ('_test.json',))):
-        path, docs = one(suffixes, '*' + ' or *'.join(suffixes)), []
-        with open(path, encoding='utf-8') as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    d = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f'{path}:{n}: malformed JSON ({e.msg})') from None
-                d = d if isinstance(d, dict) else {}
-                text, labels = d.get('token', d.get('doc_token')), d.get('label', d.get('doc_label'))
-                if text is None or not isinstance(labels, list):
-                    raise ValueError(f'{path}:{n}: expected an object with `token` (or `doc_token`) and a list '
-                                     '`label` (or `doc_label`)')
-                unknown = [v for v in labels if v not in hierarchy.index]
-                if unknown:
-                    raise ValueError(f'{path}:{n}: label {unknown[0]!r} is not in the taxonomy {taxonomy}')
-                text = ' '.join(text) if isinstance(text, list) else str(text)
-                docs.append((text, hierarchy.closure(hierarchy.index[v] for v in labels)))
-        splits[split] = docs
+        path = one(suffixes, '*' + ' or *'.join(suffixes))
+        raw[split] = [(path, n, *_hiagm_doc(path, n, line, hierarchy, value_dict, value_dict_file))
+                      for n, line in _read_lines(path) if line.strip()]
+        if not raw[split]:
+            raise ValueError(f'{path}: no documents (the {split} split may not be empty)')
+    label_of = {}
+    if value_dict is not None:
+        label_of = resolve_ids(value_dict, hierarchy, [labels for docs in raw.values() for *_, labels in docs],
+                               value_dict_file, taxonomy)
+        # the verbalizer's names are HPT's (e.g. 'HIV/AIDS' whole); label_names.tsv still wins
+        names = {**{label_of[i]: value_dict[i] for i in label_of}, **names}
+    hierarchy = Hierarchy.from_taxonomy(taxonomy, names)
+    splits = {s: [(text, hierarchy.closure(hierarchy.index[label_of.get(v, v)] for v in labels))
+                  for _, _, text, labels in docs] for s, docs in raw.items()}
     return hierarchy, splits
+
+
+def _hiagm_doc(path, n, line, hierarchy, value_dict, value_dict_file):
+    """(text, labels) of one line of a HiAGM/HPT split file; labels are taxonomy names or value_dict ids."""
+    try:
+        d = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f'{path}:{n}: malformed JSON ({e.msg})') from None
+    d = d if isinstance(d, dict) else {}
+    text, labels = d.get('token', d.get('doc_token')), d.get('label', d.get('doc_label'))
+    if text is None or not isinstance(labels, list):
+        raise ValueError(f'{path}:{n}: expected an object with `token` (or `doc_token`) and a list '
+                         '`label` (or `doc_label`)')
+    if not (isinstance(text, str) or isinstance(text, list) and all(isinstance(w, str) for w in text)):
+        raise ValueError(f'{path}:{n}: `token` must be a string or a list of strings, found {json.dumps(text)[:80]}')
+    for v in labels:
+        if isinstance(v, str):
+            if v not in hierarchy.index:
+                raise ValueError(f'{path}:{n}: label {v!r} is not in the taxonomy')
+        elif value_dict is None:
+            raise ValueError(f'{path}:{n}: label {json.dumps(v)} is not a string (a label id needs '
+                             f"HPT's {value_dict_file})")
+        elif type(v) is not int:
+            raise ValueError(f'{path}:{n}: label {json.dumps(v)} is neither a name nor an id')
+        elif v not in value_dict:
+            raise ValueError(f'{path}:{n}: label id {v} is not in {value_dict_file}')
+    return ' '.join(text) if isinstance(text, list) else text, labels
+
+
+def _load_value_dict(path):
+    """HPT's value_dict.pt (data_*.py): torch.save of a plain dict label id -> name."""
+    import torch  # only HPT's folders need it
+    try:
+        d = torch.load(path, weights_only=True)
+    except Exception as e:  # torch raises many kinds for a file that is not its own
+        raise ValueError(f'{path}: not readable by torch.load ({str(e).splitlines()[0] if str(e) else e!r})') from None
+    if not isinstance(d, dict) or not all(type(k) is int and isinstance(v, str) for k, v in d.items()):
+        raise ValueError(f'{path}: expected a dict of label id (int) -> name (str), as HPT writes it')
+    return d
+
+
+def resolve_ids(value_dict, hierarchy, doc_labels, value_dict_file, taxonomy):
+    """The taxonomy label of each id used in `doc_labels`. HPT's value_dict names are the taxonomy's
+    labels (WOS, RCV1) or, for NYT, their last part ('Top/News/World' -> 'World'). A last part shared
+    by several labels is told apart by the parent: HPT labels a NYT document with every prefix of its
+    path, so every document holding the id also holds its parent's name."""
+    last = {}
+    for i, v in enumerate(hierarchy.labels):
+        last.setdefault(v.rsplit('/', 1)[-1], []).append(i)
+    with_id = {}
+    for labels in doc_labels:
+        names = {value_dict[v] for v in labels if type(v) is int} | {v.rsplit('/', 1)[-1] for v in labels
+                                                                       if isinstance(v, str)}
+        for v in labels:
+            if type(v) is int:
+                with_id.setdefault(v, []).append(names)
+    out = {}
+    for i, docs in sorted(with_id.items()):
+        name = value_dict[i]
+        found = [hierarchy.index[name]] if name in hierarchy.index else last.get(name, [])
+        if len(found) > 1:
+            found = [c for c in found if hierarchy.parent[c] < 0 or all(
+                hierarchy.labels[hierarchy.parent[c]].rsplit('/', 1)[-1] in names for names in docs)]
+        if len(found) != 1:
+            raise ValueError(f'{value_dict_file}: id {i} ({name!r}) names '
+                             f'{"no label" if not found else "several labels"} of {taxonomy}'
+                             + (f': {[hierarchy.labels[c] for c in found]}' if found else ''))
+        out[i] = hierarchy.labels[found[0]]
+    return out
 
 
 def load_demo(seed=0, sizes=(1200, 300, 300)):

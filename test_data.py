@@ -42,6 +42,8 @@ HPT_SPLITS = {
          (8, [26, 6, 12, 34, 7], [34, 7, 14, 0, 20], 119)],
 }
 HPT_SPLIT_12 = ([2, 8, 1, 5, 10, 9, 6], [7, 3], [11, 4, 0])  # the same procedure, n = 12, in full
+HPT_SPLIT_16 = ([0, 10, 2, 12, 3, 8, 4, 9, 14], [15, 6, 11], [5, 1, 13, 7])  # n = 16 (sklearn 1.9.1)
+HPT_SPLIT_3 = ([1], [2], [0])  # n = 3 (sklearn 1.9.1)
 
 
 @pytest.mark.parametrize('n', sorted(HPT_SPLITS))
@@ -52,38 +54,57 @@ def test_wos_split_equals_hpt(n):
     assert sorted(np.concatenate(parts).tolist()) == list(range(n))  # disjoint and covering
 
 
-def test_wos_split_small_n_in_full():
-    assert [p.tolist() for p in data.wos_split(12)] == [list(p) for p in HPT_SPLIT_12]
+@pytest.mark.parametrize('n, parts', [(12, HPT_SPLIT_12), (16, HPT_SPLIT_16), (3, HPT_SPLIT_3)])
+def test_wos_split_small_n_in_full(n, parts):
+    assert [p.tolist() for p in data.wos_split(n)] == [list(p) for p in parts]
 
 
-# (Y1, Y2, Domain, area, Abstract, the abstract cleaned by hand as HPT's clean_str + stop words + 1-letter)
+# (Y1, Y2, Domain, area, Abstract, the abstract cleaned by hand as HPT's clean_str, the area HPT gives it)
+# Counts of the raw names per domain: CS Machine learning 2, Neural networks 3, Deep learning 1,
+# Cryptography 1, Security 1; Medical Depression 2, Cancer 3; Psychology Attention 2, Depression 1.
 WOS_ROWS = [
-    ('0', '0', 'CS ', 'Machine learning', '"We propose a NEW method, for (deep) learning; it\'s 2x faster!"',
-     "propose new method deep learning 's 2x faster"),
-    ('0', '0', 'CS', 'Machine Learning ', 'Kernels in R are used. A b c', 'kernels used'),
-    ('0', '0', 'CS', 'Machine learning', 'Gradient descent converges', 'gradient descent converges'),
-    ('0', '0', 'CS', 'Machine learning', "Neural networks: don't overfit?", "neural networks n't overfit"),
-    ('0', '1', 'CS', 'Cryptography', 'Lattice-based encryption & keys', 'lattice based encryption keys'),
-    ('1', '0', 'Medical', 'Depression ', 'Patients with mood disorders', 'patients mood disorders'),
+    ('1', '0', 'Medical', 'Depression', '"We propose a NEW method, for (deep) learning; it\'s 2x faster!"',
+     "we propose a new method, for (deep) learning; it 's 2x faster!",
+     'Depression'),  # code 1-0 has seen [Depression]: none more frequent, kept
+    ('0', '0', 'CS', 'Machine learning', 'Kernels  in\u00a0\u00a0R are used.   A b c ', 'kernels in r are used. a b c',
+     'Machine learning'),  # [Machine learning]
+    ('1', '0', 'Medical', 'Cancer ', "  Tumours don't grow;  they've   stopped. ",
+     "tumours do n't grow; they 've stopped.", 'Cancer'),  # [Depression, Cancer]: 2 > 3 no
+    ('0', '0', 'CS', ' Neural networks', "Parkinson's and Alzheimer's: we'd say we'll, they're",
+     "parkinson 's and alzheimer 's: we 'd say we 'll, they 're", 'Neural networks'),  # [ML, NN]: 2 > 3 no
+    ('2', '0', 'Psychology', 'Attention', "IT'S DON'T", "it's don't", 'Attention'),  # case-sensitive: not split
     ('1', '0', 'Medical', 'Depression', 'Cells were "stained" with X-ray dye & imaged at 40 \u03bcm.',
-     'cells stained ray dye imaged 40'),
-    ('1', '1', 'Medical', 'Cancer', 'Tumour growth in mice', 'tumour growth mice'),
-    ('2', '0', 'Psychology', 'Depression', 'Cognitive therapy trial', 'cognitive therapy trial'),
-    ('2', '1', 'Psychology', 'Attention', 'Visual attention and memory', 'visual attention memory'),
-    ('2', '1', 'Psychology ', 'Attention', 'Selective attention tasks', 'selective attention tasks'),
-    ('1', '1', 'Medical', 'Cancer', 'Chemotherapy outcomes (2019)', 'chemotherapy outcomes 2019'),
+     'cells were "stained" with x-ray dye & imaged at 40 \u03bcm.',
+     'Cancer'),  # [Depression, Cancer]: Depression 2 > 2 no, Cancer 3 > 2 yes (per domain: 3 in all too)
+    ('0', '0', 'CS', 'Neural networks', '"Quoted ""inner"" text"', 'quoted ""inner"" text', 'Neural networks'),
+    ('0', '1', 'CS', 'Cryptography', "'data' isn't 'big'", "'data' is n't 'big'", 'Cryptography'),
+    ('2', '0', 'Psychology ', 'Attention', 'Gradient descent converges', 'gradient descent converges', 'Attention'),
+    ('0', '0', 'CS', 'Neural networks', 'Visual attention and memory', 'visual attention and memory',
+     'Neural networks'),
+    ('0', '0', 'CS', 'Machine learning', 'Lattice-based encryption & keys', 'lattice-based encryption & keys',
+     'Neural networks'),  # [ML, NN]: ML 2 > 2 no, NN 3 > 2 yes
+    ('1', '0', 'Medical', 'Cancer', 'Chemotherapy outcomes (2019)', 'chemotherapy outcomes (2019)', 'Cancer'),
+    ('2', '0', 'Psychology', 'Depression', 'Selective attention tasks', 'selective attention tasks',
+     'Attention'),  # [Attention, Depression]: Attention 2 > 1 (Psychology's own Depression count)
+    ('0', '0', 'CS', 'Deep learning', "CNNs' weights", "cnns' weights",
+     'Machine learning'),  # [ML, NN, DL]: the FIRST more frequent, ML 2 > 1, not the most frequent NN
+    ('0', '1', 'CS', 'Security', 'Keys & RSA', 'keys & rsa', 'Security'),  # [Cryptography, Security]: tie, kept
+    ('1', '0', 'Medical', 'Cancer', 'Tumour growth in mice', 'tumour growth in mice', 'Cancer'),
 ]
+# data_wos.py's ids: domains in order of first appearance, then areas (their final names) likewise
+WOS_LABELS = ['Medical', 'CS', 'Psychology', 'Depression', 'Machine learning', 'Cancer', 'Neural networks',
+              'Attention', 'Cryptography', 'Security']
 WOS_HEADER = ['Y1', 'Y2', 'Y', 'Domain', 'area', 'keywords', 'Abstract']
 
 
-def wos_table():
+def wos_table(rows=WOS_ROWS):
     return [WOS_HEADER] + [[y1, y2, str(2 * int(y1) + int(y2)), dom, area, 'kw; kw2', text]
-                           for y1, y2, dom, area, text, _ in WOS_ROWS]
+                           for y1, y2, dom, area, text, *_ in rows]
 
 
-def write_data_txt(folder):
+def write_data_txt(folder, rows=WOS_ROWS):
     os.makedirs(folder, exist_ok=True)
-    return write_lines(folder / 'Data.txt', ['\t'.join(r) for r in wos_table()])
+    return write_lines(folder / 'Data.txt', ['\t'.join(r) for r in wos_table(rows)])
 
 
 def xlsx_bytes(rows):
@@ -132,16 +153,42 @@ def no_network(monkeypatch):
 def test_load_wos_from_data_txt(tmp_path, no_network):
     write_data_txt(tmp_path)
     h, splits = data.load_wos(str(tmp_path))
-    assert h.labels == ['CS', 'Medical', 'Psychology', 'Machine learning', 'Cryptography',
-                        'Depression (Medical)', 'Cancer', 'Depression (Psychology)', 'Attention']
-    assert h.names == ['CS', 'Medical', 'Psychology', 'Machine learning', 'Cryptography',
-                       'Depression', 'Cancer', 'Depression', 'Attention']  # the frequent spelling wins
-    assert h.depth == [1, 1, 1, 2, 2, 2, 2, 2, 2] and h.parent == [-1, -1, -1, 0, 0, 1, 1, 2, 2]
-    # domains sorted by name (CS 0, Medical 1, Psychology 2: the Y1 codes here), then areas by (Y1, Y2)
-    area_id = {('0', '0'): 3, ('0', '1'): 4, ('1', '0'): 5, ('1', '1'): 6, ('2', '0'): 7, ('2', '1'): 8}
-    docs = [(clean, [int(y1), area_id[y1, y2]]) for y1, y2, _, _, _, clean in WOS_ROWS]
-    for name, idx in zip(('train', 'dev', 'test'), HPT_SPLIT_12):
+    assert h.labels == WOS_LABELS and h.names == WOS_LABELS
+    assert h.depth == [1, 1, 1, 2, 2, 2, 2, 2, 2, 2] and h.parent == [-1, -1, -1, 0, 1, 0, 1, 2, 1, 1]
+    docs = [(clean, [WOS_LABELS.index(dom.strip()), WOS_LABELS.index(area)])
+            for _, _, dom, _, _, clean, area in WOS_ROWS]
+    for name, idx in zip(('train', 'dev', 'test'), HPT_SPLIT_16):
         assert splits[name] == [docs[i] for i in idx]
+
+
+@pytest.mark.parametrize('order, labels, areas', [
+    (['Small', 'Big', 'Big'], ['CS', 'Small', 'Big'], ['Small', 'Big', 'Big']),  # Small came first: kept
+    (['Big', 'Small', 'Big'], ['CS', 'Big'], ['Big', 'Big', 'Big']),  # Big came first: Small merges into it
+])
+def test_load_wos_area_rule_depends_on_order(tmp_path, order, labels, areas):
+    write_data_txt(tmp_path, [('0', '0', 'CS', a, f'text {i}') for i, a in enumerate(order)])
+    h, splits = data.load_wos(str(tmp_path))
+    assert h.labels == labels
+    docs = [(f'text {i}', [0, labels.index(a)]) for i, a in enumerate(areas)]
+    assert splits == {s: [docs[i] for i in idx] for s, idx in zip(('train', 'dev', 'test'), HPT_SPLIT_3)}
+
+
+def test_load_wos_area_name_in_two_domains_stays_two_labels(tmp_path):
+    # HPT keys labels by name (one label, two parents): not a tree, so the key carries the domain
+    write_data_txt(tmp_path, [('1', '0', 'Medical', 'Depression', 'a'), ('2', '0', 'Psychology', 'Depression', 'b'),
+                              ('0', '0', 'CS', 'Depression', 'c')])
+    h, splits = data.load_wos(str(tmp_path))
+    assert h.labels == ['Medical', 'Psychology', 'CS', 'Depression (Medical)', 'Depression (Psychology)',
+                        'Depression (CS)']
+    assert h.names == ['Medical', 'Psychology', 'CS', 'Depression', 'Depression', 'Depression']
+    assert (splits['train'], splits['dev'], splits['test']) == ([('b', [1, 4])], [('c', [2, 5])], [('a', [0, 3])])
+
+
+def test_clean_str_by_hand():
+    assert data.clean_str(' "He said: ""it\'s"" ok" \n') == 'he said: ""it \'s"" ok'
+    assert data.clean_str("won't can't shouldn't") == "wo n't ca n't should n't"
+    assert data.clean_str("We'RE THEY'LL a\tb  c") == "we're they'll a\tb c"  # a lone tab stays
+    assert data.clean_str("Smith's 'dog'") == "smith 's 'dog'"
 
 
 def test_load_wos_xlsx_and_zip_parse_like_data_txt(tmp_path, no_network):
