@@ -218,23 +218,23 @@ def load_hiagm(folder):
     raw = {}
     for split, suffixes in (('train', ('_train.json',)), ('dev', ('_dev.json', '_val.json')), ('test', ('_test.json',))):
         path = one(suffixes, '*' + ' or *'.join(suffixes))
-        raw[split] = [(path, n, *_hiagm_doc(path, n, line, hierarchy, value_dict, value_dict_file))
+        raw[split] = [_hiagm_doc(path, n, line, hierarchy, taxonomy, value_dict, value_dict_file)
                       for n, line in _read_lines(path) if line.strip()]
         if not raw[split]:
             raise ValueError(f'{path}: no documents (the {split} split may not be empty)')
     label_of = {}
     if value_dict is not None:
-        label_of = resolve_ids(value_dict, hierarchy, [labels for docs in raw.values() for *_, labels in docs],
+        label_of = resolve_ids(value_dict, hierarchy, [labels for docs in raw.values() for _, labels in docs],
                                value_dict_file, taxonomy)
         # the verbalizer's names are HPT's (e.g. 'HIV/AIDS' whole); label_names.tsv still wins
         names = {**{label_of[i]: value_dict[i] for i in label_of}, **names}
     hierarchy = Hierarchy.from_taxonomy(taxonomy, names)
     splits = {s: [(text, hierarchy.closure(hierarchy.index[label_of.get(v, v)] for v in labels))
-                  for _, _, text, labels in docs] for s, docs in raw.items()}
+                  for text, labels in docs] for s, docs in raw.items()}
     return hierarchy, splits
 
 
-def _hiagm_doc(path, n, line, hierarchy, value_dict, value_dict_file):
+def _hiagm_doc(path, n, line, hierarchy, taxonomy, value_dict, value_dict_file):
     """(text, labels) of one line of a HiAGM/HPT split file; labels are taxonomy names or value_dict ids."""
     try:
         d = json.loads(line)
@@ -250,7 +250,7 @@ def _hiagm_doc(path, n, line, hierarchy, value_dict, value_dict_file):
     for v in labels:
         if isinstance(v, str):
             if v not in hierarchy.index:
-                raise ValueError(f'{path}:{n}: label {v!r} is not in the taxonomy')
+                raise ValueError(f'{path}:{n}: label {v!r} is not in the taxonomy {taxonomy}')
         elif value_dict is None:
             raise ValueError(f'{path}:{n}: label {json.dumps(v)} is not a string (a label id needs '
                              f"HPT's {value_dict_file})")
@@ -292,14 +292,15 @@ def resolve_ids(value_dict, hierarchy, doc_labels, value_dict_file, taxonomy):
     for i, docs in sorted(with_id.items()):
         name = value_dict[i]
         found = [hierarchy.index[name]] if name in hierarchy.index else last.get(name, [])
-        if len(found) > 1:
-            found = [c for c in found if hierarchy.parent[c] < 0 or all(
-                hierarchy.labels[hierarchy.parent[c]].rsplit('/', 1)[-1] in names for names in docs)]
-        if len(found) != 1:
-            raise ValueError(f'{value_dict_file}: id {i} ({name!r}) names '
-                             f'{"no label" if not found else "several labels"} of {taxonomy}'
-                             + (f': {[hierarchy.labels[c] for c in found]}' if found else ''))
-        out[i] = hierarchy.labels[found[0]]
+        if not found:
+            raise ValueError(f'{value_dict_file}: id {i} ({name!r}) names no label of {taxonomy}')
+        placed = [c for c in found if len(found) == 1 or hierarchy.parent[c] < 0 or all(
+            hierarchy.labels[hierarchy.parent[c]].rsplit('/', 1)[-1] in names for names in docs)]
+        if len(placed) != 1:
+            raise ValueError(f'{value_dict_file}: id {i} ({name!r}) may be any of '
+                             f'{[hierarchy.labels[c] for c in found]} ({taxonomy}): not one of them has its '
+                             "parent's name on every document with this id")
+        out[i] = hierarchy.labels[placed[0]]
     return out
 
 

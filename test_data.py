@@ -265,3 +265,135 @@ def test_load_hiagm_json_line_not_an_object(tmp_path):
     folder = write_hiagm(tmp_path, val_lines=['[1, 2]'])
     with pytest.raises(ValueError, match=re.escape(f"{folder / 'toy_val.json'}:1:")):
         data.load_hiagm(str(folder))
+
+
+def write_hpt_wos(folder, train_labels=([0, 2], [1, 3])):
+    """A folder as HPT's preprocess_wos.py + data_wos.py leave it (their own file names and formats)."""
+    import torch
+    folder.mkdir(parents=True)
+    write_lines(folder / 'wos.taxnomy', ['Root\tCS\tMedical', 'CS\tMachine learning', 'Medical\tHIV/AIDS'])
+    torch.save({0: 'CS', 1: 'Medical', 2: 'Machine learning', 3: 'HIV/AIDS'}, folder / 'value_dict.pt')
+    write_lines(folder / 'WebOfScience_train.json',
+                [json.dumps({'token': f'doc {i}', 'label': list(l)}) for i, l in enumerate(train_labels)])
+    write_lines(folder / 'WebOfScience_dev.json', [json.dumps({'token': "it 's dev", 'label': [1, 3]})])
+    write_lines(folder / 'WebOfScience_test.json', [json.dumps({'token': 'test', 'label': [3]})])
+    # preprocess_wos.py's own files lie beside them, label names instead of ids: not read
+    for name in ('wos_total.json', 'wos_train.json', 'wos_val.json', 'wos_test.json'):
+        write_lines(folder / name, [json.dumps({'doc_token': 'other', 'doc_label': ['CS', 'Machine learning']})])
+    return folder
+
+
+def test_load_hiagm_reads_hpt_wos_folder(tmp_path):
+    h, splits = data.load_hiagm(str(write_hpt_wos(tmp_path / 'WebOfScience')))
+    assert h.labels == ['CS', 'Medical', 'Machine learning', 'HIV/AIDS']  # the taxonomy's order
+    assert h.names == ['CS', 'Medical', 'Machine learning', 'HIV/AIDS']  # value_dict's name, not 'AIDS'
+    assert splits == {'train': [('doc 0', [0, 2]), ('doc 1', [1, 3])], 'dev': [("it 's dev", [1, 3])],
+                      'test': [('test', [1, 3])]}  # id 3 = HIV/AIDS, closed upward to Medical
+
+
+def test_load_hiagm_reads_hpt_nyt_folder(tmp_path):
+    # data_nyt.py: value_dict keeps a path's last part only; 'Arts' is two labels, told apart by the parent
+    import torch
+    folder = tmp_path / 'nyt'
+    folder.mkdir()
+    write_lines(folder / 'nyt.taxonomy', ['Root\tTop/News\tTop/Features', 'Top/News\tTop/News/Arts\tTop/News/World',
+                                          'Top/Features\tTop/Features/Arts'])
+    torch.save({0: 'News', 1: 'Arts', 2: 'Features', 3: 'Arts', 4: 'World'}, folder / 'value_dict.pt')
+    write_lines(folder / 'nyt_train.json', [json.dumps({'token': 'a', 'label': [0, 1]}),
+                                            json.dumps({'token': 'b', 'label': [2, 3]})])
+    write_lines(folder / 'nyt_dev.json', [json.dumps({'token': 'c', 'label': [0, 4]})])
+    write_lines(folder / 'nyt_test.json', [json.dumps({'token': 'd', 'label': [2, 3, 0, 4]})])
+    h, splits = data.load_hiagm(str(folder))
+    assert h.labels == ['Top/News', 'Top/Features', 'Top/News/Arts', 'Top/News/World', 'Top/Features/Arts']
+    assert h.names == ['News', 'Features', 'Arts', 'World', 'Arts']
+    assert splits == {'train': [('a', [0, 2]), ('b', [1, 4])], 'dev': [('c', [0, 3])], 'test': [('d', [0, 1, 3, 4])]}
+    # 'Arts' without either parent beside it cannot be placed: refused, not guessed
+    write_lines(folder / 'nyt_test.json', [json.dumps({'token': 'd', 'label': [1]})])
+    with pytest.raises(ValueError, match=re.escape(f"{folder / 'value_dict.pt'}: id 1 ('Arts') may be any of "
+                                                   "['Top/News/Arts', 'Top/Features/Arts']")):
+        data.load_hiagm(str(folder))
+
+
+def test_load_hiagm_id_not_in_value_dict(tmp_path):
+    folder = write_hpt_wos(tmp_path / 'WebOfScience', train_labels=([0, 2], [1, 9]))
+    with pytest.raises(ValueError, match=re.escape(f"{folder / 'WebOfScience_train.json'}:2: label id 9 is not in "
+                                                   f"{folder / 'value_dict.pt'}")):
+        data.load_hiagm(str(folder))
+
+
+def test_load_hiagm_value_dict_name_not_in_taxonomy(tmp_path):
+    import torch
+    folder = write_hpt_wos(tmp_path / 'WebOfScience')
+    torch.save({0: 'CS', 1: 'Medical', 2: 'Deep learning', 3: 'HIV/AIDS'}, folder / 'value_dict.pt')
+    with pytest.raises(ValueError, match=re.escape(f"{folder / 'value_dict.pt'}: id 2 ('Deep learning') names no "
+                                                   f"label of {folder / 'wos.taxnomy'}")):
+        data.load_hiagm(str(folder))
+
+
+def test_load_hiagm_unreadable_value_dict(tmp_path):
+    folder = write_hpt_wos(tmp_path / 'WebOfScience')
+    (folder / 'value_dict.pt').write_bytes(b'not a torch file')
+    with pytest.raises(ValueError, match=re.escape(f"{folder / 'value_dict.pt'}: not readable by torch.load")):
+        data.load_hiagm(str(folder))
+
+
+@pytest.mark.parametrize('line, message', [
+    ({'token': 'x', 'label': [11]}, 'label 11 is not a string'),
+    ({'token': 'x', 'label': ['GCAT', None]}, 'label null is not a string'),
+    ({'token': ['a', 3], 'label': ['GCAT']}, '`token` must be a string or a list of strings'),
+    ({'token': 5, 'label': ['GCAT']}, '`token` must be a string or a list of strings'),
+])
+def test_load_hiagm_wrong_types_name_line(tmp_path, line, message):
+    good = json.dumps({'token': 'x', 'label': ['GCAT']})
+    folder = write_hiagm(tmp_path, train_lines=[good, json.dumps(line)])
+    with pytest.raises(ValueError, match=re.escape(f"{folder / 'toy_train.json'}:2: {message}")):
+        data.load_hiagm(str(folder))
+
+
+@pytest.mark.parametrize('name, line', [('toy_train.json', 3), ('toy_val.json', 1), ('toy.taxonomy', 2),
+                                        ('label_names.tsv', 2)])
+def test_load_hiagm_not_utf8_names_file_and_line(tmp_path, name, line):
+    folder = write_hiagm(tmp_path)
+    lines = (folder / name).read_bytes().split(b'\n')
+    lines[line - 1] = lines[line - 1][:5] + b'\xe9' + lines[line - 1][5:]  # Latin-1 'é'
+    (folder / name).write_bytes(b'\n'.join(lines))
+    with pytest.raises(ValueError, match=re.escape(f'{folder / name}:{line}: not UTF-8')):
+        data.load_hiagm(str(folder))
+
+
+def test_load_wos_not_utf8_names_line(tmp_path):
+    path = write_data_txt(tmp_path)
+    lines = (tmp_path / 'Data.txt').read_bytes().split(b'\n')
+    lines[4] += b' caf\xe9'  # line 5
+    (tmp_path / 'Data.txt').write_bytes(b'\r\n'.join(lines))  # Windows line ends count as one
+    with pytest.raises(ValueError, match=re.escape(f'{path}:5: not UTF-8')):
+        data.load_wos(str(tmp_path))
+
+
+def test_load_hiagm_empty_taxonomy(tmp_path):
+    folder = write_hiagm(tmp_path)
+    (folder / 'toy.taxonomy').write_text('\n\n', encoding='utf-8')
+    with pytest.raises(ValueError, match=re.escape(f"{folder / 'toy.taxonomy'}: empty")):
+        data.load_hiagm(str(folder))
+
+
+@pytest.mark.parametrize('name, split', [('toy_train.json', 'train'), ('toy_val.json', 'dev'),
+                                         ('toy_test.json', 'test')])
+def test_load_hiagm_empty_split_refused(tmp_path, name, split):
+    folder = write_hiagm(tmp_path)
+    (folder / name).write_text('\n', encoding='utf-8')
+    with pytest.raises(ValueError, match=re.escape(f'{folder / name}: no documents (the {split} split')):
+        data.load_hiagm(str(folder))
+
+
+def test_load_wos_header_only(tmp_path):
+    path = write_lines(tmp_path / 'Data.txt', ['\t'.join(WOS_HEADER)])
+    with pytest.raises(ValueError, match=re.escape(f'{path}: no rows after the header')):
+        data.load_wos(str(tmp_path))
+
+
+def test_load_wos_too_few_rows_for_a_split(tmp_path):
+    # n = 2: test takes ceil(0.4) = 1, then dev ceil(0.2) = 1 of the remaining 1: train is empty
+    path = write_data_txt(tmp_path, WOS_ROWS[:2])
+    with pytest.raises(ValueError, match=re.escape(f'{path}: 2 rows leave the train split empty')):
+        data.load_wos(str(tmp_path))
