@@ -709,8 +709,21 @@ def save_checkpoint(folder, model, tokenizer, info, train_state=None):
     os.replace(link, folder)  # atomic: `folder` names the old version or the new, never nothing
     _fsync(parent)
     _crash_point('switched', folder)
+    tidy_checkpoint(folder)
+
+
+def tidy_checkpoint(folder):
+    """Removes what a save_checkpoint killed halfway left beside `folder`: the temporary link and
+    the version folders `folder` does not point to (all of them if it points to none)."""
+    folder = os.path.abspath(folder)
+    parent, base = os.path.split(folder)
+    if not os.path.isdir(parent):
+        return
+    keep = os.path.basename(os.readlink(folder)) if os.path.islink(folder) else None
+    if os.path.lexists(folder + '.link'):
+        os.remove(folder + '.link')
     for f in os.listdir(parent):
-        if f.startswith(base + '.ckpt-') and f != os.path.basename(version):
+        if f.startswith(base + '.ckpt-') and f != keep:
             shutil.rmtree(os.path.join(parent, f), ignore_errors=True)
 
 

@@ -180,6 +180,8 @@ def setup(args):
                         run.history.append(h)
                 except (ValueError, KeyError, TypeError):
                     raise ValueError(f'{path}:{n}: not a metrics line (corrupt file)') from None
+        for name in ('best', 'last'):  # all checked: now remove what a kill during a save left
+            lhmix.tidy_checkpoint(os.path.join(args.out, name))
     elif args.mix == 'lhmix':  # the initial encoder, frozen: encode every local hierarchy once (Sec. 4.1)
         run.table, run.rows = lhmix.local_hierarchy_table(model, tokenizer, run.labels)
         print(f'{len(run.table)} distinct local hierarchies encoded')
