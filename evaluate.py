@@ -82,27 +82,33 @@ def _as_matrix(x, num_labels):
 
 def read_predictions(path, hierarchy, n):
     """(n, V) bool predictions from a JSONL file of {"labels": [label name, ...]}, one line per
-    document of the split; any line not of that form is an error naming the line."""
+    document of the split (blank lines skipped); any line not of that form is an error naming it."""
     pred = np.zeros((n, len(hierarchy)), dtype=bool)
     try:
-        with open(path, encoding='utf-8') as f:
-            lines = [line for line in f if line.strip()]
-    except UnicodeDecodeError as e:
-        raise ValueError(f'{path}: not UTF-8 text ({e.reason} at byte {e.start})') from None
+        with open(path, 'rb') as f:
+            raw = f.read().split(b'\n')
     except OSError as e:
         raise ValueError(f'{path}: cannot be read ({e.strerror or e})') from None
+    lines = []
+    for number, line in enumerate(raw, 1):
+        try:
+            line = line.decode('utf-8')
+        except UnicodeDecodeError as e:
+            raise ValueError(f'{path}:{number}: not UTF-8 text ({e.reason} at byte {e.start + 1} of the line)') from None
+        if line.strip():
+            lines.append((number, line))
     if len(lines) != n:
         raise ValueError(f'{path}: {len(lines)} predictions for {n} documents')
-    for i, line in enumerate(lines):
+    for i, (number, line) in enumerate(lines):
         try:
             labels = json.loads(line)['labels']
         except (json.JSONDecodeError, KeyError, TypeError):
-            raise ValueError(f'{path}:{i + 1}: expected {{"labels": [...]}}') from None
+            raise ValueError(f'{path}:{number}: expected {{"labels": [...]}}') from None
         if not isinstance(labels, list) or not all(isinstance(v, str) for v in labels):
-            raise ValueError(f'{path}:{i + 1}: `labels` must be a list of label names (strings)')
+            raise ValueError(f'{path}:{number}: `labels` must be a list of label names (strings)')
         for v in labels:
             if v not in hierarchy.index:
-                raise ValueError(f'{path}:{i + 1}: label {v!r} is not in the hierarchy')
+                raise ValueError(f'{path}:{number}: label {v!r} is not in the hierarchy')
             pred[i, hierarchy.index[v]] = True
     return pred
 
