@@ -742,7 +742,9 @@ def read_checkpoint_meta(folder):
             raise TypeError('no table of files')
         for key in ('arch', 'base_vocab', 'special', 'max_length', 'hierarchy'):
             meta[key]
-        ok = meta.get(META_HASH) == _meta_hash(meta)
+        if META_HASH not in meta:
+            raise KeyError(META_HASH)
+        ok = meta[META_HASH] == _meta_hash(meta)
     except (ValueError, KeyError, TypeError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise ValueError(f'{path}: corrupt or not written by this version ({type(e).__name__}: {e})') from None
     if not ok:
