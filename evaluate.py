@@ -81,21 +81,34 @@ def _as_matrix(x, num_labels):
 
 
 def read_predictions(path, hierarchy, n):
+    """(n, V) bool predictions from a JSONL file of {"labels": [label name, ...]}, one line per
+    document of the split (blank lines skipped); any line not of that form is an error naming it."""
     pred = np.zeros((n, len(hierarchy)), dtype=bool)
-    with open(path, encoding='utf-8') as f:
-        lines = [line for line in f if line.strip()]
+    try:
+        with open(path, 'rb') as f:
+            raw = f.read().split(b'\n')
+    except OSError as e:
+        raise ValueError(f'{path}: cannot be read ({e.strerror or e})') from None
+    lines = []
+    for number, line in enumerate(raw, 1):
+        try:
+            line = line.decode('utf-8')
+        except UnicodeDecodeError as e:
+            raise ValueError(f'{path}:{number}: not UTF-8 text ({e.reason} at byte {e.start + 1} of the line)') from None
+        if line.strip():
+            lines.append((number, line))
     if len(lines) != n:
         raise ValueError(f'{path}: {len(lines)} predictions for {n} documents')
-    for i, line in enumerate(lines):
+    for i, (number, line) in enumerate(lines):
         try:
             labels = json.loads(line)['labels']
         except (json.JSONDecodeError, KeyError, TypeError):
-            raise ValueError(f'{path}:{i + 1}: expected {{"labels": [...]}}') from None
+            raise ValueError(f'{path}:{number}: expected {{"labels": [...]}}') from None
         if not isinstance(labels, list) or not all(isinstance(v, str) for v in labels):
-            raise ValueError(f'{path}:{i + 1}: `labels` must be a list of label names (strings)')
+            raise ValueError(f'{path}:{number}: `labels` must be a list of label names (strings)')
         for v in labels:
             if v not in hierarchy.index:
-                raise ValueError(f'{path}:{i + 1}: label {v!r} is not in the hierarchy')
+                raise ValueError(f'{path}:{number}: label {v!r} is not in the hierarchy')
             pred[i, hierarchy.index[v]] = True
     return pred
 
@@ -188,6 +201,37 @@ def summary(run_dirs):
     return rows
 
 
+def output_problem(path):
+    """Why the file `path` could not be written (None if it can: missing folders are made when it is)."""
+    if path is None:
+        return None
+    if os.path.isdir(path):
+        return 'is a folder, not a file'
+    above = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(above):
+        above = os.path.dirname(above)
+    if not os.path.isdir(above):
+        return f'{above} is a file, not a folder'
+    if not os.access(above, os.W_OK | os.X_OK):
+        return f'{above} is not writable'
+    return None
+
+
+def write_atomically(path, text):
+    """Writes `path` whole or not at all (a temporary file renamed over it), making its folder."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f'.{os.path.basename(path)}.{os.getpid()}.tmp')
+    try:
+        with open(tmp, 'w', encoding='utf-8') as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--ckpt', help='a checkpoint folder written by train.py (OUT/best)')
@@ -208,9 +252,18 @@ def main(argv=None):
         return
     if not args.data or bool(args.ckpt) == bool(args.predictions):
         p.error('give --data and one of --ckpt or --predictions (or --summary RUN_DIR...)')
-    device = torch.device(args.device or ('cuda' if torch.cuda.is_available() else 'cpu'))
+    try:
+        device = torch.device(args.device or ('cuda' if torch.cuda.is_available() else 'cpu'))
+    except RuntimeError:
+        p.error(f'--device {args.device}: unknown device (cpu, cuda or cuda:N)')
+    if device.type not in ('cpu', 'cuda'):
+        p.error(f'--device {args.device}: only cpu and cuda are supported')
     if device.type == 'cuda' and not torch.cuda.is_available():
         p.error(f'--device {args.device}: no CUDA GPU is available here')
+    for flag in ('out', 'save_predictions'):  # checked before anything is computed
+        problem = output_problem(getattr(args, flag))
+        if problem:
+            p.error(f"--{flag.replace('_', '-')} {getattr(args, flag)}: {problem}")
     try:
         hierarchy, splits = data.load_data(args.data, args.data_dir)
         docs = splits[args.split]
@@ -232,12 +285,10 @@ def main(argv=None):
         print(f"  frequency quartile {r['quartile']} ({r['labels']} labels, {r['train_docs_min']}-{r['train_docs_max']} "
               f"train docs): macro-F1 {100 * r['macro_f1']:.2f}")
     if args.out:
-        with open(args.out, 'w') as f:
-            json.dump(result, f, indent=1)
+        write_atomically(args.out, json.dumps(result, indent=1))
     if args.save_predictions:
-        with open(args.save_predictions, 'w', encoding='utf-8') as f:
-            for row in pred:
-                f.write(json.dumps({'labels': [hierarchy.labels[v] for v in np.flatnonzero(row)]}) + '\n')
+        write_atomically(args.save_predictions, ''.join(
+            json.dumps({'labels': [hierarchy.labels[v] for v in np.flatnonzero(row)]}) + '\n' for row in pred))
 
 
 if __name__ == '__main__':

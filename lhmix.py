@@ -231,14 +231,18 @@ class LHMix(nn.Module):
 
 def load_pretrained(name):
     """(masked LM, tokenizer) of a pretrained BERT- or RoBERTa-style model: a local folder or a hub
-    id. Never runs code from the folder (trust_remote_code=False)."""
+    id. Never runs code from the folder (trust_remote_code=False, and a folder whose config asks for
+    custom code is refused). A name that can only be a path fails at once when it is not a folder."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForMaskedLM, AutoTokenizer
-    first = name.replace('\\', '/').split('/')[0]
-    looks_local = os.path.isabs(name) or name.startswith(('.', '~')) or name.count('/') > 1 or (
-        '/' in name and os.path.isdir(first))
-    if looks_local and not os.path.isdir(name):
-        raise ValueError(f'--model {name!r}: no such folder')
-    if os.path.isdir(name):
+    path = os.path.expanduser(name)
+    first = path.replace('\\', '/').split('/')[0]
+    looks_local = os.path.isabs(path) or name.startswith(('.', '~')) or path.count('/') > 1 or (
+        '/' in path and os.path.isdir(first)) or os.path.exists(path)
+    if looks_local and not os.path.isdir(path):
+        raise ValueError(f'--model {name!r}: ' + ('not a folder' if os.path.exists(path) else 'no such folder'))
+    if looks_local:
+        name = path
         _refuse_remote_code(name)
         files = os.listdir(name)
         if 'config.json' not in files or not any(f.endswith(('.safetensors', '.bin')) for f in files):
@@ -248,21 +252,25 @@ def load_pretrained(name):
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
         mlm = AutoModelForMaskedLM.from_pretrained(name, trust_remote_code=False)
-    except (OSError, ValueError) as e:
-        raise ValueError(f'could not load model {name!r}: {e}\n(without internet, pass a local '
-                         'folder with --model, or --model tiny)') from None
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:
+        why = ' '.join(str(e).split())  # one line
+        hint = '' if looks_local else ' (not a local folder; without internet, pass a local folder or --model tiny)'
+        raise ValueError(f'could not load model {name!r}{hint}: {why}') from None
     return mlm.float(), tokenizer  # fp32 master weights even from an fp16 checkpoint; autocast does the rest
 
 
 def _refuse_remote_code(folder):
-    """A config.json with `auto_map` asks transformers to run Python files from the folder: refuse."""
-    try:
-        with open(os.path.join(folder, 'config.json'), encoding='utf-8') as f:
-            config = json.load(f)
-    except (OSError, ValueError):
-        return  # missing or unreadable: reported where it is loaded
-    if isinstance(config, dict) and 'auto_map' in config:
-        raise ValueError(f"{os.path.join(folder, 'config.json')}: asks to run custom code (auto_map); refused")
+    """A config.json or tokenizer_config.json with `auto_map` asks transformers to run Python files
+    from the folder: refused, whatever trust_remote_code says and without asking."""
+    for name in ('config.json', 'tokenizer_config.json'):
+        path = os.path.join(folder, name)
+        try:
+            with open(path, encoding='utf-8') as f:
+                config = json.load(f)
+        except (OSError, ValueError):
+            continue  # missing or unreadable: reported where it is loaded
+        if isinstance(config, dict) and 'auto_map' in config:
+            raise ValueError(f'{path}: asks to run custom code (auto_map); refused')
 
 
 def build_model(mlm, tokenizer, hierarchy, arch, max_length=512):
@@ -618,11 +626,15 @@ def classify(model, tokenizer, texts):
 # previous or the new checkpoint whole; every file checked by size and SHA-256 when loaded
 
 CHECKPOINT_META = 'lhmix.json'
+META_HASH = 'meta_sha256'  # lhmix.json's own hash, of its other keys: a garbled but parseable file is refused too
 
 
-def _crash_point(step):
-    """Tests kill the process here (LHMIX_CRASH_AT=step) to check that every instant of a write is safe."""
-    if os.environ.get('LHMIX_CRASH_AT') == step:
+def _crash_point(step, folder):
+    """Tests kill the process here to check that every instant of a write is safe: LHMIX_CRASH_AT=step
+    (written, linked or switched) kills at that step of any save, LHMIX_CRASH_AT=name:step only in
+    a save of the checkpoint folder called `name` (best, last)."""
+    at = os.environ.get('LHMIX_CRASH_AT')
+    if at in (step, f'{os.path.basename(folder)}:{step}'):
         os.kill(os.getpid(), 9)
 
 
@@ -634,52 +646,90 @@ def _digest(path):
     return {'bytes': os.path.getsize(path), 'sha256': h.hexdigest()}
 
 
+def _meta_hash(meta):
+    text = json.dumps({k: v for k, v in meta.items() if k != META_HASH}, sort_keys=True)
+    return hashlib.sha256(text.encode('utf-8')).hexdigest()
+
+
+def _fsync(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def save_checkpoint(folder, model, tokenizer, info, train_state=None):
     """Writes the checkpoint `folder` (model.safetensors, the HF config and tokenizer files,
     lhmix.json: hierarchy, token ids, max_length, the size and hash of every file, and `info`; with
     `train_state`, a dict of tensors for --resume, train_state.pt read back with weights_only=True).
     The files go into a new version folder `folder.ckpt-*`; then the symbolic link `folder` is
-    switched to it by one atomic rename, and older versions are removed."""
+    switched to it by one atomic rename, and older versions are removed. Files get the umask's modes.
+    Weights that are not finite are refused (FloatingPointError): nothing is written."""
     from safetensors.torch import save_model
+    bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        raise FloatingPointError(f'the weights are not finite ({bad[0]}{" and others" if len(bad) > 1 else ""}); '
+                                 f'{folder} is not saved (try a lower --lr)')
     folder = os.path.abspath(folder)
     parent, base = os.path.split(folder)
     os.makedirs(parent, exist_ok=True)
     version = os.path.join(parent, f'{base}.ckpt-{os.urandom(6).hex()}')
     os.mkdir(version)
-    save_model(model, os.path.join(version, 'model.safetensors'))
-    model.mlm.config.save_pretrained(version)
-    tokenizer.save_pretrained(version)
-    if train_state is not None:
-        torch.save(train_state, os.path.join(version, 'train_state.pt'))
-    meta = {'arch': model.arch, 'base_vocab': model.base_vocab, 'special': model.special,
-            'max_length': model.max_length, 'hierarchy': model.hierarchy.to_dict(),
-            'files': {f: _digest(os.path.join(version, f)) for f in sorted(os.listdir(version))}, **info}
-    with open(os.path.join(version, CHECKPOINT_META), 'w') as f:
-        json.dump(meta, f, indent=1)
-    mask = os.umask(0)
-    os.umask(mask)
-    for f in os.listdir(version):  # the umask's modes (safetensors writes 0600, mkdir may differ)
-        os.chmod(os.path.join(version, f), 0o666 & ~mask)
-        with open(os.path.join(version, f), 'rb') as fh:
-            os.fsync(fh.fileno())
-    os.chmod(version, 0o777 & ~mask)
-    _crash_point('written')
+    try:
+        save_model(model, os.path.join(version, 'model.safetensors'))
+        model.mlm.config.save_pretrained(version)
+        tokenizer.save_pretrained(version)
+        if train_state is not None:
+            torch.save(train_state, os.path.join(version, 'train_state.pt'))
+        meta = {'arch': model.arch, 'base_vocab': model.base_vocab, 'special': model.special,
+                'max_length': model.max_length, 'hierarchy': model.hierarchy.to_dict(),
+                'files': {f: _digest(os.path.join(version, f)) for f in sorted(os.listdir(version))}, **info}
+        meta[META_HASH] = _meta_hash(meta)
+        with open(os.path.join(version, CHECKPOINT_META), 'w', encoding='utf-8') as f:
+            json.dump(meta, f, indent=1)
+        mask = os.umask(0)
+        os.umask(mask)
+        for f in os.listdir(version):  # the umask's modes (safetensors writes 0600, mkdir may differ)
+            os.chmod(os.path.join(version, f), 0o666 & ~mask)
+            _fsync(os.path.join(version, f))
+        os.chmod(version, 0o777 & ~mask)
+        _fsync(version)
+    except BaseException:
+        shutil.rmtree(version, ignore_errors=True)
+        raise
+    _crash_point('written', folder)
     link = folder + '.link'
     if os.path.lexists(link):
         os.remove(link)
     os.symlink(os.path.basename(version), link)
-    _crash_point('linked')
+    _crash_point('linked', folder)
     if os.path.isdir(folder) and not os.path.islink(folder):  # a plain folder (copied by hand): set aside
         os.replace(folder, f'{folder}.ckpt-{os.urandom(6).hex()}')
     os.replace(link, folder)  # atomic: `folder` names the old version or the new, never nothing
-    _crash_point('switched')
+    _fsync(parent)
+    _crash_point('switched', folder)
+    tidy_checkpoint(folder)
+
+
+def tidy_checkpoint(folder):
+    """Removes what a save_checkpoint killed halfway left beside `folder`: the temporary link and
+    the version folders `folder` does not point to (all of them if it points to none)."""
+    folder = os.path.abspath(folder)
+    parent, base = os.path.split(folder)
+    if not os.path.isdir(parent):
+        return
+    keep = os.path.basename(os.readlink(folder)) if os.path.islink(folder) else None
+    if os.path.lexists(folder + '.link'):
+        os.remove(folder + '.link')
     for f in os.listdir(parent):
-        if f.startswith(base + '.ckpt-') and f != os.path.basename(version):
+        if f.startswith(base + '.ckpt-') and f != keep:
             shutil.rmtree(os.path.join(parent, f), ignore_errors=True)
 
 
 def read_checkpoint_meta(folder):
-    """lhmix.json of a checkpoint, after checking every file it lists (size and SHA-256)."""
+    """lhmix.json of a checkpoint, after checking it (its own hash) and every file it lists (size and
+    SHA-256); a checkpoint without its weights, config or tokenizer files is refused."""
     path = os.path.join(folder, CHECKPOINT_META)
     if not os.path.isdir(folder):
         raise FileNotFoundError(f'{folder}: no such checkpoint folder')
@@ -688,14 +738,28 @@ def read_checkpoint_meta(folder):
     try:
         with open(path, encoding='utf-8') as f:
             meta = json.load(f)
-        files = meta['files']
+        if not isinstance(meta, dict) or not isinstance(meta.get('files'), dict):
+            raise TypeError('no table of files')
         for key in ('arch', 'base_vocab', 'special', 'max_length', 'hierarchy'):
             meta[key]
-    except (ValueError, KeyError, TypeError) as e:
+        if META_HASH not in meta:
+            raise KeyError(META_HASH)
+        ok = meta[META_HASH] == _meta_hash(meta)
+    except (ValueError, KeyError, TypeError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise ValueError(f'{path}: corrupt or not written by this version ({type(e).__name__}: {e})') from None
+    if not ok:
+        raise ValueError(f'{path}: altered or corrupt (its content does not match its {META_HASH})')
+    files = meta['files']
+    for name in ('model.safetensors', 'config.json'):
+        if name not in files:
+            raise ValueError(f'{path}: lists no {name}')
+    if not {'tokenizer.json', 'tokenizer_config.json', 'vocab.txt', 'vocab.json'} & set(files):
+        raise ValueError(f'{path}: lists no tokenizer files')
     for name, want in files.items():
         p = os.path.join(folder, name)
-        if not os.path.exists(p):
+        if os.path.basename(name) != name or name in ('', '.', '..'):
+            raise ValueError(f'{path}: file name {name!r} outside the checkpoint')
+        if not os.path.isfile(p):
             raise ValueError(f'{p}: missing from the checkpoint')
         if _digest(p) != want:
             raise ValueError(f'{p}: altered or truncated (its size or SHA-256 differs from {CHECKPOINT_META})')
@@ -704,19 +768,26 @@ def read_checkpoint_meta(folder):
 
 def load_checkpoint(folder, device='cpu', hierarchy=None):
     """(model, tokenizer, meta) from a folder written by save_checkpoint, every file checked first;
-    with `hierarchy`, also checks that the checkpoint's labels are those of the data."""
+    with `hierarchy`, also checks that the checkpoint's labels are those of the data. Runs no code
+    from the folder (trust_remote_code=False, and a config with `auto_map` is refused)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_model
     from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
     meta = read_checkpoint_meta(folder)
     _refuse_remote_code(folder)
     if hierarchy is not None and meta['hierarchy']['labels'] != hierarchy.labels:
         raise ValueError(f'{folder}: its labels differ from those of the data')
-    config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
-    mlm = AutoModelForMaskedLM.from_config(config, trust_remote_code=False)
-    model = LHMix(mlm, Hierarchy.from_dict(meta['hierarchy']), meta['arch'], meta['base_vocab'], meta['special'],
-                  meta['max_length'])
-    load_model(model, os.path.join(folder, 'model.safetensors'), device=str(device))
-    return model.to(device), AutoTokenizer.from_pretrained(folder, trust_remote_code=False), meta
+    try:
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
+        mlm = AutoModelForMaskedLM.from_config(config, trust_remote_code=False)
+        model = LHMix(mlm, Hierarchy.from_dict(meta['hierarchy']), meta['arch'], meta['base_vocab'],
+                      meta['special'], meta['max_length'])
+        load_model(model, os.path.join(folder, 'model.safetensors'), device=str(device))
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as e:
+        why = ' '.join(str(e).split())  # one line
+        raise ValueError(f'{folder}: could not be loaded ({type(e).__name__}: {why})') from None
+    return model.to(device), tokenizer, meta
 
 
 # -----------------------------------------------------------------------------

@@ -127,6 +127,32 @@ def test_zmlce_gradcheck_and_gradient_of_plain_formula():
     assert (g_ours[~ok] == 0).all()  # invalid labels get exactly zero gradient
 
 
+def zmlce_grad_ref(scores, targets, valid=None):
+    """The gradient of Eq. 2 in closed form, in float64, one row at a time: e^{s_k} / (1 + sum_neg e^s)
+    for a negative k, -e^{-s_k} / (1 + sum_pos e^{-s}) for a positive k, 0 outside the valid labels.
+    Numerator and denominator are both divided by e^m, m = max(0, exponents), so e^1e4 stays finite."""
+    s = np.asarray(scores.detach().double() if torch.is_tensor(scores) else scores, dtype=np.float64)
+    y = np.broadcast_to(np.asarray(targets, dtype=bool), s.shape)
+    ok = np.ones(s.shape, bool) if valid is None else np.broadcast_to(np.asarray(valid, dtype=bool), s.shape)
+    out = np.zeros(s.shape)
+    for i in np.ndindex(s.shape[:-1]):
+        for positive, sign in ((False, 1.0), (True, -1.0)):
+            ks = [k for k in range(s.shape[-1]) if ok[i][k] and y[i][k] == positive]
+            x = [sign * s[i][k] for k in ks]  # the exponents: s for negatives, -s for positives
+            m = max([0.0, *x])
+            denominator = math.exp(-m) + sum(math.exp(v - m) for v in x)
+            for k, v in zip(ks, x):
+                out[i][k] = sign * math.exp(v - m) / denominator
+    return out
+
+
+def test_zmlce_grad_ref_by_hand():
+    # one negative (s = 0) and one positive (s = 0): 1 / (1 + 1) and -1 / (1 + 1); the invalid label: 0
+    np.testing.assert_allclose(zmlce_grad_ref([[0.0, 0.0, 5.0]], [[0, 1, 0]], [[1, 1, 0]]), [[0.5, -0.5, 0]])
+    # two negatives at log 2 and 0: 2 / (1 + 2 + 1), 1 / 4
+    np.testing.assert_allclose(zmlce_grad_ref([[math.log(2), 0.0]], [[0, 0]]), [[0.5, 0.25]])
+
+
 @pytest.mark.parametrize('dtype, tol', [(torch.float16, 2e-3), (torch.bfloat16, 1e-2)])
 def test_zmlce_half_precision_close_to_fp32(dtype, tol):
     g = torch.Generator().manual_seed(4)
@@ -138,11 +164,10 @@ def test_zmlce_half_precision_close_to_fp32(dtype, tol):
     s = s32.to(dtype).requires_grad_()
     loss = lhmix.zmlce(s, y, valid)
     loss.sum().backward()
-    ref = s32.clone().requires_grad_()
-    lhmix.zmlce(ref, y, valid).sum().backward()
     assert torch.isfinite(loss).all() and torch.isfinite(s.grad).all() and s.grad.dtype == dtype
+    # both against float64 references from the formulas: Eq. 2 and its closed-form gradient
     np.testing.assert_allclose(loss.detach().double().numpy(), zmlce_ref(s32, y, valid), rtol=1e-5)
-    np.testing.assert_allclose(s.grad.float().numpy(), ref.grad.numpy(), atol=tol)
+    np.testing.assert_allclose(s.grad.double().numpy(), zmlce_grad_ref(s32, y, valid), atol=tol)
     assert (s.grad[~valid] == 0).all()
 
 
@@ -438,12 +463,22 @@ def test_local_hierarchy_table_equals_live_frozen_encoder(tiny):
     assert model.training
     assert len(table) == 4 and index[0] == index[2] and len(set(index.tolist())) == 4
     model.eval()
-    name_ids = model.name_ids(tok)
+    # Sec. 4.1's sequences written out by hand: [CLS] [D1] <depth-1 names> [D2] <depth-2 names> [D3] ... [SEP]
+    # (labels: 0 Sci, 1 Art, 2 quantum_physics, 4 jazz_music, 5 optics; depth tokens follow the base
+    # vocabulary and the 6 label tokens), encoded straight by the masked LM's encoder
+    by_hand = [['[CLS]', 'D1', 'sci', 'D2', 'quantum', 'physics', 'D3', '[SEP]'],
+               ['[CLS]', 'D1', 'art', 'D2', 'D3', '[SEP]'],
+               ['[CLS]', 'D1', 'sci', 'D2', 'quantum', 'physics', 'D3', '[SEP]'],
+               ['[CLS]', 'D1', 'sci', 'D2', 'quantum', 'physics', 'D3', 'optics', '[SEP]'],
+               ['[CLS]', 'D1', 'art', 'D2', 'jazz', 'music', 'D3', '[SEP]']]
+    depth_token = {'D1': len(tok) + 6, 'D2': len(tok) + 7, 'D3': len(tok) + 8}
     live = []
     with torch.no_grad():
-        for s in sets:
-            ids = torch.tensor([lhmix.local_hierarchy_ids(model, sorted(s), name_ids)])
-            live.append(model.encode(ids, torch.ones_like(ids))[0, 0].double().numpy())
+        for words in by_hand:
+            ids = torch.tensor([[depth_token.get(w) or tok.convert_tokens_to_ids(w) for w in words]])
+            assert tok.unk_token_id not in ids
+            out = model.mlm.base_model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+            live.append(out[0, 0].double().numpy())
     for n in range(len(sets)):
         np.testing.assert_allclose(table[index[n]].double().numpy(), live[n], atol=1e-4)
     u, v = live[0], live[3]
@@ -617,8 +652,18 @@ def test_train_one_epoch_variants(tmp_path, arch, mix):
     assert meta['arch'] == arch and len(model.prefix) == (1 if arch == 'bert' else 2 * 3 + 2)  # demo: 3 depths
     _, splits = data.load_demo()
     tokens, _ = lhmix.tokenize(tok, [t for t, _ in splits['dev']], model.text_budget(model.max_length))
-    dev = evaluate.f1_scores(lhmix.score_documents(model, tokens) > 0, [ls for _, ls in splits['dev']], len(model.hierarchy))
-    assert (dev['micro_f1'], dev['macro_f1']) == pytest.approx((line['dev_micro_f1'], line['dev_macro_f1']))
+    pred = lhmix.score_documents(model, tokens) > 0
+    gold = [set(ls) for _, ls in splits['dev']]
+    # F1 counted by hand: per label tp, fp, fn over the documents; F1 = 2 tp / (2 tp + fp + fn), 0 when
+    # nothing is predicted or gold; micro from the summed counts, macro the mean over ALL labels
+    counts = np.zeros((len(model.hierarchy), 3))
+    for n, g in enumerate(gold):
+        for v in range(len(model.hierarchy)):
+            counts[v] += [pred[n, v] and v in g, pred[n, v] and v not in g, not pred[n, v] and v in g]
+    f1 = [2 * tp / (2 * tp + fp + fn) if tp else 0.0 for tp, fp, fn in counts]
+    tp, fp, fn = counts.sum(0)
+    assert line['dev_micro_f1'] == pytest.approx(2 * tp / (2 * tp + fp + fn))
+    assert line['dev_macro_f1'] == pytest.approx(sum(f1) / len(f1))
 
 
 # -----------------------------------------------------------------------------
@@ -650,3 +695,478 @@ def test_train_malformed_json_names_line_and_writes_nothing(tmp_path):
         train.main(['--data', str(data), '--model', 'tiny', '--device', 'cpu', '--out', str(tmp_path / 'out')])
     assert f"{data / 'toy_val.json'}:3: malformed JSON" in str(e.value.code)
     assert not (tmp_path / 'out').exists()
+
+
+# -----------------------------------------------------------------------------
+# Reliability (issue 10): checkpoints that survive a kill at any instant, damaged files refused,
+# one `error:` line for each mistake with --out left as it was, no code run from a model folder
+
+import builtins  # noqa: E402
+import hashlib  # noqa: E402
+import io  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAST = ['--data', 'demo', '--model', 'tiny', '--device', 'cpu', '--train-fraction', '0.01', '--batch', '8',
+        '--warmup-epochs', '0']  # 12 training documents, Mixup from the first epoch
+
+
+def tree_state(path):
+    """Everything under `path`: names, modes, file contents' hashes, link targets (None if absent),
+    to check that a refused command left it exactly as it was."""
+    path = str(path)
+    if not os.path.lexists(path):
+        return None
+    if not os.path.isdir(path):
+        with open(path, 'rb') as f:
+            return ('file', hashlib.sha256(f.read()).hexdigest())
+    out = {}
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            p = os.path.join(root, name)
+            if os.path.islink(p):
+                out[os.path.relpath(p, path)] = ('link', os.readlink(p))
+            elif os.path.isdir(p):
+                out[os.path.relpath(p, path)] = ('dir', os.lstat(p).st_mode)
+            else:
+                with open(p, 'rb') as f:
+                    out[os.path.relpath(p, path)] = ('file', os.lstat(p).st_mode, hashlib.sha256(f.read()).hexdigest())
+    return out
+
+
+def resume_argv(out, epochs):
+    return ['--data', 'demo', '--device', 'cpu', '--out', str(out), '--resume', '--epochs', str(epochs)]
+
+
+def error_of(call):
+    """The message of a `sys.exit('error: ...')`, checked to be one line."""
+    with pytest.raises(SystemExit) as e:
+        call()
+    msg = e.value.code
+    assert isinstance(msg, str) and msg.startswith('error: ') and '\n' not in msg, msg
+    return msg
+
+
+@pytest.fixture(scope='module')
+def base_run(tmp_path_factory):
+    """One epoch of the demo, written with --overwrite over an earlier run's folder. Its dev macro-F1
+    is logged as -0.5, below any real one, so that the next epoch surely saves best/ again."""
+    out = tmp_path_factory.mktemp('base') / 'run'
+    out.mkdir()
+    (out / 'old.txt').write_text('an earlier run')
+    with pytest.MonkeyPatch.context() as mp:
+        one_epoch = train.train_epoch
+        mp.setattr(train, 'train_epoch', lambda *a, **k: {**one_epoch(*a, **k), 'dev_macro_f1': -0.5})
+        train.main(FAST + ['--epochs', '1', '--out', str(out), '--overwrite'])
+    return out
+
+
+def copy_run(base, to):
+    shutil.copytree(base, to, symlinks=True)
+    return to
+
+
+def test_overwrite_replaces_an_earlier_run(base_run):
+    names = sorted(os.listdir(base_run))
+    assert 'old.txt' not in names  # the earlier run is gone
+    assert [n for n in names if '.ckpt-' not in n] == ['best', 'last', 'metrics.jsonl', 'test_metrics.json']
+    assert [m['epoch'] for m in read_metrics(base_run)] == [0]
+
+
+def test_checkpoint_files_get_the_umask_modes(base_run, tmp_path):
+    mask = os.umask(0o022)
+    os.umask(mask)
+    want_file, want_dir = 0o666 & ~mask, 0o777 & ~mask  # what open() and mkdir() give under this umask
+    for name in ('best', 'last'):
+        version = os.path.realpath(base_run / name)
+        assert os.stat(version).st_mode & 0o777 == want_dir
+        for f in os.listdir(version):  # model.safetensors included (safetensors itself writes 0600)
+            assert os.stat(os.path.join(version, f)).st_mode & 0o777 == want_file, f
+    model, tok = tiny_model(lhmix.Hierarchy(PARENTS))
+    old = os.umask(0o027)
+    try:
+        lhmix.save_checkpoint(str(tmp_path / 'ck'), model, tok, {}, {'step': torch.zeros(1)})
+    finally:
+        os.umask(old)
+    version = os.path.realpath(tmp_path / 'ck')
+    assert os.stat(version).st_mode & 0o777 == 0o750
+    assert sorted(os.listdir(version)) == ['config.json', 'lhmix.json', 'model.safetensors', 'tokenizer.json',
+                                           'tokenizer_config.json', 'train_state.pt']
+    assert {f: os.stat(os.path.join(version, f)).st_mode & 0o777 for f in os.listdir(version)} == \
+        dict.fromkeys(os.listdir(version), 0o640)
+
+
+CRASHES = [(folder, window) for folder in ('best', 'last') for window in ('written', 'linked', 'switched')]
+
+
+@pytest.fixture(scope='module')
+def crashed_runs(base_run, tmp_path_factory):
+    """For each (folder, window): train.py --resume of a copy of base_run, in a subprocess that kills
+    itself (SIGKILL) in that window of epoch 1's save of that folder. The six run side by side."""
+    root = tmp_path_factory.mktemp('crash')
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'MKL_NUM_THREADS': '1', 'HF_HUB_OFFLINE': '1'}
+    procs = {}
+    for folder, window in CRASHES:
+        out = copy_run(base_run, root / f'{folder}-{window}')
+        procs[folder, window] = out, subprocess.Popen(
+            [sys.executable, 'train.py', *resume_argv(out, 2)], cwd=HERE, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**env, 'LHMIX_CRASH_AT': f'{folder}:{window}'})
+    done = {}
+    for key, (out, p) in procs.items():
+        log, _ = p.communicate(timeout=600)
+        done[key] = out, p.returncode, log.decode(errors='replace')
+    return done
+
+
+@pytest.mark.parametrize('folder, window', CRASHES)
+def test_kill_while_saving_then_resume_and_evaluate(base_run, crashed_runs, tmp_path, capsys, folder, window):
+    out, returncode, log = crashed_runs[folder, window]
+    assert returncode == -signal.SIGKILL, log
+    # right after the kill: `folder` names a whole checkpoint, the old one until the switch, the new after
+    old = os.readlink(base_run / folder)
+    versions = sorted(p.name for p in out.glob(f'{folder}.ckpt-*'))
+    assert old in versions and len(versions) == 2, versions
+    new, = set(versions) - {old}
+    assert os.readlink(out / folder) == (new if window == 'switched' else old)
+    assert os.path.lexists(out / f'{folder}.link') == (window == 'linked')
+    if window == 'linked':
+        assert os.readlink(out / f'{folder}.link') == new
+    best, last = (lhmix.read_checkpoint_meta(str(out / f)) for f in ('best', 'last'))  # every file's hash checked
+    if folder == 'best':  # epoch 1's best/ was being written; last/ is still epoch 0's
+        assert best['epoch'] == (1 if window == 'switched' else 0) and last['state']['epoch'] == 1
+    else:  # epoch 1's best/ was written whole before; last/ was being written
+        assert best['epoch'] == 1 and last['state']['epoch'] == (2 if window == 'switched' else 1)
+    # --resume continues and finishes: epoch 1 once in the metrics, best/ from epoch 1, no leftovers
+    train.main(resume_argv(out, 2))
+    assert [m['epoch'] for m in read_metrics(out)] == [0, 1]
+    assert lhmix.read_checkpoint_meta(str(out / 'best'))['epoch'] == 1
+    with open(out / 'test_metrics.json') as f:
+        test = json.load(f)
+    assert test['best_epoch'] == 1
+    names = sorted(os.listdir(out))
+    assert [n for n in names if '.ckpt-' not in n] == ['best', 'last', 'metrics.jsonl', 'test_metrics.json']
+    assert sorted(n for n in names if '.ckpt-' in n) == sorted([os.readlink(out / 'best'), os.readlink(out / 'last')])
+    # evaluate.py scores OUT/best as the run did, writing --out into a folder that did not exist
+    evaluate.main(['--ckpt', str(out / 'best'), '--data', 'demo', '--device', 'cpu',
+                   '--out', str(tmp_path / 'new' / 'e.json')])
+    with open(tmp_path / 'new' / 'e.json') as f:
+        ev = json.load(f)
+    assert (ev['micro_f1'], ev['macro_f1']) == (test['micro_f1'], test['macro_f1'])
+    assert os.listdir(tmp_path / 'new') == ['e.json']  # no temporary file left
+
+
+def _truncate(path):
+    with open(path, 'r+b') as f:
+        f.truncate(os.path.getsize(path) // 2)
+
+
+def _flip_byte(path):
+    with open(path, 'r+b') as f:
+        f.seek(os.path.getsize(path) // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0x01]))
+
+
+def _max_length_plus_one(path):  # still valid JSON: only its own hash can tell
+    with open(path) as f:
+        text = f.read()
+    assert '"max_length": 128' in text
+    with open(path, 'w') as f:
+        f.write(text.replace('"max_length": 128', '"max_length": 129'))
+
+
+DAMAGE = [('model.safetensors', _truncate, 'model.safetensors: altered or truncated'),
+          ('model.safetensors', _flip_byte, 'model.safetensors: altered or truncated'),
+          ('train_state.pt', _truncate, 'train_state.pt: altered or truncated'),
+          ('train_state.pt', _flip_byte, 'train_state.pt: altered or truncated'),
+          ('config.json', _flip_byte, 'config.json: altered or truncated'),
+          ('tokenizer.json', os.remove, 'tokenizer.json: missing from the checkpoint'),
+          ('tokenizer_config.json', os.remove, 'tokenizer_config.json: missing from the checkpoint'),
+          ('lhmix.json', _truncate, 'lhmix.json: corrupt or not written by this version'),
+          ('lhmix.json', _max_length_plus_one, 'lhmix.json: altered or corrupt'),
+          ('lhmix.json', os.remove, 'not an LH-Mix checkpoint (no lhmix.json)')]
+
+
+@pytest.mark.parametrize('name, damage, message', DAMAGE, ids=[f'{n}-{d.__name__}' for n, d, _ in DAMAGE])
+def test_damaged_checkpoint_refused_by_evaluate_and_resume(base_run, tmp_path, name, damage, message):
+    out = copy_run(base_run, tmp_path / 'run')
+    damage(os.path.join(os.path.realpath(out / 'last'), name))
+    before = tree_state(out)
+    msg = error_of(lambda: evaluate.main(['--ckpt', str(out / 'last'), '--data', 'demo', '--device', 'cpu',
+                                          '--out', str(tmp_path / 'ev' / 'e.json')]))
+    assert message in msg
+    msg = error_of(lambda: train.main(resume_argv(out, 2)))
+    assert message in msg
+    assert tree_state(out) == before and not (tmp_path / 'ev').exists()
+
+
+@pytest.mark.parametrize('flags, message', [
+    (['--epochs', '0'], '--epochs must be >= 1, got 0'),
+    (['--early-stop', '0'], '--early-stop must be >= 1, got 0'),
+    (['--batch', '0'], '--batch must be >= 1 (>= 2 with Mixup), got 0'),
+    (['--batch', '-1', '--mix', 'none'], '--batch must be >= 1 (>= 2 with Mixup), got -1'),
+    (['--lr', 'nan'], '--lr must be a finite number, got nan'),
+    (['--lr', 'inf'], '--lr must be a finite number, got inf'),
+    (['--lr', '-1'], '--lr must be > 0, got -1.0'),
+    (['--alpha', 'nan'], '--alpha must be a finite number, got nan'),
+    (['--mix-alpha', 'nan'], '--mix-alpha must be a finite number, got nan'),
+    (['--device', 'foo'], '--device foo: unknown device'),
+    (['--device', 'mps'], '--device mps: only cpu and cuda are supported'),
+])
+def test_train_flag_errors(tmp_path, capsys, flags, message):
+    out = tmp_path / 'out'
+    with pytest.raises(SystemExit) as e:
+        train.main(['--data', 'demo', '--model', 'tiny', '--out', str(out)]
+                   + (['--device', 'cpu'] if '--device' not in flags else []) + flags)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f'error: {message}' in err  # argparse's usage error
+    assert not out.exists()
+
+
+@pytest.mark.parametrize('where', ['file', 'under a file'])
+def test_train_out_naming_a_file(tmp_path, capsys, where):
+    (tmp_path / 'f').write_text('keep me')
+    out = tmp_path / 'f' if where == 'file' else tmp_path / 'f' / 'run'
+    with pytest.raises(SystemExit) as e:
+        train.main(FAST + ['--out', str(out)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f'error: --out {out}: ' in err and 'is a file, not a folder' in err
+    assert (tmp_path / 'f').read_text() == 'keep me'
+
+
+def test_train_into_an_earlier_run_refused_without_resume_or_overwrite(base_run, tmp_path, capsys):
+    out = copy_run(base_run, tmp_path / 'run')
+    before = tree_state(out)
+    with pytest.raises(SystemExit) as e:
+        train.main(FAST + ['--epochs', '1', '--out', str(out)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f'error: --out {out}: holds an earlier run; continue it with --resume, ' \
+                                 'replace it with --overwrite' in err
+    assert tree_state(out) == before
+
+
+def test_resume_with_nothing_saved(tmp_path):
+    out = tmp_path / 'never-ran'
+    msg = error_of(lambda: train.main(resume_argv(out, 2)))
+    assert f"{out / 'last'} does not exist, nothing to continue" in msg and '--overwrite' in msg
+    assert not out.exists()
+
+
+def test_resume_keeps_the_saved_data_and_model_and_says_so(base_run, tmp_path, capsys):
+    out = copy_run(base_run, tmp_path / 'run')
+    elsewhere = tmp_path / 'other-data'
+    train.main(['--data', str(elsewhere), '--model', 'bert-base-uncased', '--lr', '0.5', '--device', 'cpu',
+                '--out', str(out), '--resume', '--epochs', '1'])  # epoch 1 of 1 saved already: only the test
+    said = capsys.readouterr().out
+    assert f'--resume: the run keeps its saved --data demo (not {elsewhere})' in said
+    assert '--resume: the run keeps its saved --model tiny (not bert-base-uncased)' in said
+    assert '--resume: the run keeps its saved --lr 0.001 (not 0.5)' in said
+    with open(out / 'test_metrics.json') as f:
+        assert json.load(f)['best_epoch'] == 0
+
+
+def _nan_loss(monkeypatch):
+    loss = lhmix.training_loss
+    monkeypatch.setattr(lhmix, 'training_loss', lambda *a, **k: loss(*a, **k) * float('nan'))
+
+
+def _nan_weights(monkeypatch):  # a finite loss, but the epoch ends with NaN weights
+    one_epoch = train.train_epoch
+
+    def poisoned(run, *a, **k):
+        line = one_epoch(run, *a, **k)
+        with torch.no_grad():
+            next(run.model.parameters()).view(-1)[0] = float('nan')
+        return line
+    monkeypatch.setattr(train, 'train_epoch', poisoned)
+
+
+@pytest.mark.parametrize('poison, message', [(_nan_loss, 'the training loss became nan in epoch {}'),
+                                             (_nan_weights, 'the weights became infinite or NaN in epoch {}')])
+@pytest.mark.parametrize('case', ['fresh', 'overwrite', 'resume'])
+def test_non_finite_training_stops_and_saves_nothing(base_run, tmp_path, monkeypatch, poison, message, case):
+    out = tmp_path / 'run'
+    if case != 'fresh':
+        copy_run(base_run, out)
+    before = tree_state(out)
+    poison(monkeypatch)
+    argv = resume_argv(out, 2) if case == 'resume' else FAST + ['--epochs', '1', '--out', str(out)] + (
+        ['--overwrite'] if case == 'overwrite' else [])
+    msg = error_of(lambda: train.main(argv))
+    assert message.format(1 if case == 'resume' else 0) in msg and 'not saved' in msg
+    assert tree_state(out) == before  # no new folder, the earlier run intact, best/ not replaced
+
+
+def test_save_checkpoint_refuses_non_finite_weights(tmp_path):
+    model, tok = tiny_model(lhmix.Hierarchy(PARENTS))
+    with torch.no_grad():
+        model.label_bias[3] = float('inf')
+    with pytest.raises(FloatingPointError, match='label_bias'):
+        lhmix.save_checkpoint(str(tmp_path / 'ck'), model, tok, {})
+    assert os.listdir(tmp_path) == []
+
+
+def _config_auto_map(folder):
+    with open(folder / 'config.json') as f:
+        config = json.load(f)
+    with open(folder / 'config.json', 'w') as f:
+        json.dump({**config, 'auto_map': {'AutoModelForMaskedLM': 'evil.Model'}}, f)
+    return folder / 'config.json'
+
+
+def _tokenizer_auto_map(folder):
+    with open(folder / 'tokenizer_config.json') as f:
+        config = json.load(f)
+    with open(folder / 'tokenizer_config.json', 'w') as f:
+        json.dump({**config, 'auto_map': {'AutoTokenizer': ['evil.Tokenizer', None]}}, f)
+    return folder / 'tokenizer_config.json'
+
+
+@pytest.fixture
+def no_prompt(monkeypatch):
+    """stdin closed and input() forbidden: a refusal must not ask."""
+    def prompt(*a, **k):
+        raise AssertionError('prompted')
+    monkeypatch.setattr(builtins, 'input', prompt)
+    monkeypatch.setattr(sys, 'stdin', io.StringIO(''))
+
+
+def hf_folder(folder):
+    """A plain Hugging Face model folder (config, weights, tokenizer) of a tiny BERT, with a
+    Python file that would leave a mark if it ever ran."""
+    mlm, tok = data.tiny_bert(TEXTS)
+    mlm.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    (folder / 'evil.py').write_text(f"open({str(folder / 'RAN')!r}, 'w').write('ran')\n")
+    return folder
+
+
+@pytest.mark.parametrize('make_evil', [_config_auto_map, _tokenizer_auto_map])
+def test_model_folder_asking_for_custom_code_refused_without_prompt(tmp_path, no_prompt, make_evil):
+    folder = hf_folder(tmp_path / 'model')
+    lhmix.load_pretrained(str(folder))  # the folder as saved loads
+    path = make_evil(folder)
+    out = tmp_path / 'out'
+    msg = error_of(lambda: train.main(['--data', 'demo', '--model', str(folder), '--device', 'cpu',
+                                       '--out', str(out)]))
+    assert msg == f'error: {path}: asks to run custom code (auto_map); refused'
+    assert not out.exists() and not (folder / 'RAN').exists()
+
+
+@pytest.mark.parametrize('make_evil', [_config_auto_map, _tokenizer_auto_map])
+def test_checkpoint_asking_for_custom_code_refused_without_prompt(base_run, tmp_path, no_prompt, make_evil):
+    # a checkpoint whose lhmix.json lists the altered file with its right hash: only auto_map tells
+    model, tok, meta = lhmix.load_checkpoint(str(base_run / 'best'))
+    lhmix.save_checkpoint(str(tmp_path / 'ck'), model, tok, {'args': meta['args'], 'epoch': 0})
+    version = tmp_path / os.readlink(tmp_path / 'ck')
+    path = make_evil(version)
+    with open(version / 'lhmix.json') as f:
+        meta = json.load(f)
+    meta['files'][path.name] = {'bytes': os.path.getsize(path), 'sha256': hashlib.sha256(path.read_bytes()).hexdigest()}
+    meta['meta_sha256'] = hashlib.sha256(json.dumps({k: v for k, v in meta.items() if k != 'meta_sha256'},
+                                                    sort_keys=True).encode()).hexdigest()
+    with open(version / 'lhmix.json', 'w') as f:
+        json.dump(meta, f)
+    lhmix.read_checkpoint_meta(str(tmp_path / 'ck'))  # every hash right
+    msg = error_of(lambda: evaluate.main(['--ckpt', str(tmp_path / 'ck'), '--data', 'demo', '--device', 'cpu']))
+    assert msg == f"error: {tmp_path / 'ck' / path.name}: asks to run custom code (auto_map); refused"
+
+
+def _a_file(p):
+    (p / 'f.bin').write_bytes(b'x')
+    return p / 'f.bin'
+
+
+def _empty_folder(p):
+    (p / 'empty').mkdir()
+    return p / 'empty'
+
+
+def _config_only(p):
+    (p / 'cfg').mkdir()
+    (p / 'cfg' / 'config.json').write_text('{}')
+    return p / 'cfg'
+
+
+@pytest.mark.parametrize('setup, message', [
+    (lambda p: p / 'nope', "--model '{}': no such folder"),
+    (lambda p: p / 'nope' / 'deeper', "--model '{}': no such folder"),
+    (_a_file, "--model '{}': not a folder"),
+    (_empty_folder, '{}: no model files (config.json and *.safetensors or *.bin) in this folder'),
+    (_config_only, '{}: no model files (config.json and *.safetensors or *.bin) in this folder'),
+])
+def test_train_model_path_errors_fail_at_once(tmp_path, monkeypatch, setup, message):
+    import transformers
+
+    def hub(*a, **k):
+        raise AssertionError('asked transformers (the hub)')
+    for auto in (transformers.AutoTokenizer, transformers.AutoModelForMaskedLM):
+        monkeypatch.setattr(auto, 'from_pretrained', hub)
+    model = setup(tmp_path)
+    out = tmp_path / 'out'
+    msg = error_of(lambda: train.main(['--data', 'demo', '--model', str(model), '--device', 'cpu', '--out', str(out)]))
+    assert msg == 'error: ' + message.format(model)
+    assert not out.exists()
+
+
+def test_train_model_relative_path_that_does_not_exist(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    msg = error_of(lambda: train.main(['--data', 'demo', '--model', './models/nope', '--device', 'cpu',
+                                       '--out', str(tmp_path / 'out')]))
+    assert msg == "error: --model './models/nope': no such folder"
+
+
+def _predictions(tmp_path, bad_line):
+    """A prediction file for the demo's 300 test documents, line 2 replaced by `bad_line` (bytes)."""
+    lines = [b'{"labels": []}'] * 300
+    lines[1] = bad_line
+    path = tmp_path / 'p.jsonl'
+    path.write_bytes(b'\n'.join(lines) + b'\n')
+    return path
+
+
+@pytest.mark.parametrize('bad_line, message', [
+    (b'{"labels": "Sci"}', ':2: `labels` must be a list of label names (strings)'),
+    (b'{"labels": [1]}', ':2: `labels` must be a list of label names (strings)'),
+    (b'{"labels": null}', ':2: `labels` must be a list of label names (strings)'),
+    (b'{"labels": [["a"]]}', ':2: `labels` must be a list of label names (strings)'),
+    (b'{"labels": {"a": 1}}', ':2: `labels` must be a list of label names (strings)'),
+    (b'[1, 2]', ':2: expected {"labels": [...]}'),
+    (b'{"label": []}', ':2: expected {"labels": [...]}'),
+    (b'{"labels": ["no such label"]}', ":2: label 'no such label' is not in the hierarchy"),
+    (b'{"labels": ["\xff"]}', ':2: not UTF-8 text (invalid start byte at byte 14 of the line)'),
+    (b'', ': 299 predictions for 300 documents'),
+])
+def test_evaluate_bad_prediction_lines(tmp_path, bad_line, message):
+    path = _predictions(tmp_path, bad_line)
+    msg = error_of(lambda: evaluate.main(['--predictions', str(path), '--data', 'demo',
+                                          '--out', str(tmp_path / 'ev' / 'e.json')]))
+    assert msg == f'error: {path}{message}'
+    assert not (tmp_path / 'ev').exists()
+
+
+def test_evaluate_good_predictions_into_a_new_folder(tmp_path):
+    path = _predictions(tmp_path, b'{"labels": []}')
+    evaluate.main(['--predictions', str(path), '--data', 'demo', '--out', str(tmp_path / 'a' / 'b' / 'e.json')])
+    with open(tmp_path / 'a' / 'b' / 'e.json') as f:
+        assert json.load(f)['micro_f1'] == 0.0  # nothing predicted
+
+
+@pytest.mark.parametrize('flags, message', [
+    (['--out', '{t}/f/e.json'], '--out {t}/f/e.json: {t}/f is a file, not a folder'),
+    (['--out', '{t}'], '--out {t}: is a folder, not a file'),
+    (['--save-predictions', '{t}/f/p.jsonl'], '--save-predictions {t}/f/p.jsonl: {t}/f is a file, not a folder'),
+    (['--device', 'foo'], '--device foo: unknown device'),
+    (['--device', 'mps'], '--device mps: only cpu and cuda are supported'),
+])
+def test_evaluate_flag_errors_before_computing(base_run, tmp_path, capsys, monkeypatch, flags, message):
+    (tmp_path / 'f').write_text('keep me')
+    monkeypatch.setattr(data, 'load_data', lambda *a, **k: pytest.fail('computed before checking'))
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(['--ckpt', str(base_run / 'best'), '--data', 'demo'] + [f.format(t=tmp_path) for f in flags])
+    assert e.value.code == 2 and 'error: ' + message.format(t=tmp_path) in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ['f'] and (tmp_path / 'f').read_text() == 'keep me'

@@ -89,6 +89,13 @@ def parse(argv=None):
     args.out = args.out or os.path.join('out', f'{os.path.basename(args.data.rstrip("/"))}-{args.arch}-{args.mix}-s{args.seed}')
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         p.error(f'--out {args.out}: is a file, not a folder')
+    above = os.path.dirname(os.path.abspath(args.out))
+    while not os.path.exists(above):  # the folder is made only when the first epoch is saved: check now
+        above = os.path.dirname(above)
+    if not os.path.isdir(above):
+        p.error(f'--out {args.out}: {above} is a file, not a folder')
+    if not os.access(above, os.W_OK | os.X_OK):
+        p.error(f'--out {args.out}: {above} is not writable')
     if args.resume and args.overwrite:
         p.error('--resume and --overwrite exclude each other')
     if not args.resume and not args.overwrite and os.path.isdir(args.out) and os.listdir(args.out):
@@ -103,14 +110,16 @@ def resume_args(args):
     """--resume continues the run as it was started: its saved arguments replace the command line's
     (only RESUMABLE may change); anything given differently is reported."""
     last = os.path.join(args.out, 'last')
+    if not os.path.lexists(last):
+        raise FileNotFoundError(f'--resume: {last} does not exist, nothing to continue (the run did not save an '
+                                'epoch); start it again with --overwrite')
     meta = lhmix.read_checkpoint_meta(last)
-    saved = meta['args']
-    for k in args.given:
-        if k not in RESUMABLE and getattr(args, k) != saved[k]:
-            print(f'--resume: the run keeps its saved --{k.replace("_", "-")} {saved[k]} (not {getattr(args, k)})')
-    for k in ('data', 'data_dir'):
-        if getattr(args, k) != saved[k]:
-            print(f'--resume: the run keeps its saved --{k.replace("_", "-")} {saved[k]} (not {getattr(args, k)})')
+    saved = meta.get('args')
+    if not isinstance(saved, dict) or 'train_state.pt' not in meta['files']:
+        raise ValueError(f'{last}: not a checkpoint train.py can resume (no saved arguments or train_state.pt)')
+    for k in [k for k in args.given if k not in RESUMABLE] + ['data', 'data_dir']:
+        if getattr(args, k) != saved.get(k):
+            print(f'--resume: the run keeps its saved --{k.replace("_", "-")} {saved.get(k)} (not {getattr(args, k)})')
     vars(args).update({k: v for k, v in saved.items() if k in PAPER and k not in RESUMABLE
                        or k in ('data', 'data_dir', 'no_mlm')})
     return meta
@@ -153,12 +162,26 @@ def setup(args):
                              all_train=[ls for _, ls in splits['train']], table=None, rows=None, history=[],
                              state={'epoch': 0, 'best': -1.0, 'bad_epochs': 0})
     if args.resume:
-        saved = torch.load(os.path.join(args.out, 'last', 'train_state.pt'), map_location='cpu', weights_only=True)
-        opt.load_state_dict(saved['optimizer'])
-        scaler.load_state_dict(saved['scaler'])
-        run.table, run.rows, run.state = saved.get('table'), saved.get('rows'), meta['state']
-        with open(os.path.join(args.out, 'metrics.jsonl')) as f:
-            run.history = [h for h in map(json.loads, f) if h['epoch'] < run.state['epoch']]
+        path = os.path.join(args.out, 'last', 'train_state.pt')
+        try:  # checked by its hash already: an error here is a file this version did not write
+            saved = torch.load(path, map_location='cpu', weights_only=True)
+            opt.load_state_dict(saved['optimizer'])
+            scaler.load_state_dict(saved['scaler'])
+            run.table, run.rows, run.state = saved.get('table'), saved.get('rows'), meta['state']
+        except Exception as e:  # unpickling, a missing key or a wrong shape: one line, not a traceback
+            raise ValueError(f'{path}: cannot be read ({type(e).__name__}: {" ".join(str(e).split())})') from None
+        path = os.path.join(args.out, 'metrics.jsonl')
+        run.history = []
+        with open(path, encoding='utf-8') as f:
+            for n, line in enumerate(f, 1):
+                try:
+                    h = json.loads(line)
+                    if h['epoch'] < run.state['epoch']:
+                        run.history.append(h)
+                except (ValueError, KeyError, TypeError):
+                    raise ValueError(f'{path}:{n}: not a metrics line (corrupt file)') from None
+        for name in ('best', 'last'):  # all checked: now remove what a kill during a save left
+            lhmix.tidy_checkpoint(os.path.join(args.out, name))
     elif args.mix == 'lhmix':  # the initial encoder, frozen: encode every local hierarchy once (Sec. 4.1)
         run.table, run.rows = lhmix.local_hierarchy_table(model, tokenizer, run.labels)
         print(f'{len(run.table)} distinct local hierarchies encoded')
@@ -245,15 +268,30 @@ def finish(run):
           f"(best dev epoch {meta['epoch']}, {args.out})")
 
 
+def check_weights(run, epoch):
+    """A finite loss can still leave infinite or NaN weights after the epoch's last step: never saved."""
+    if not all(torch.isfinite(p).all() for p in run.model.parameters()):
+        raise FloatingPointError(f'the weights became infinite or NaN in epoch {epoch} (try a lower --lr); '
+                                 'this epoch is not saved')
+
+
+def claim_out(run):
+    """Makes --out (replacing an earlier run with --overwrite) just before the first save, so that a
+    run that fails before it has an epoch to save leaves --out as it was."""
+    args = run.args
+    if args.overwrite and os.path.lexists(args.out):
+        shutil.rmtree(args.out)
+    os.makedirs(args.out, exist_ok=True)
+    run.claimed = True
+
+
 def main(argv=None):
     args = parse(argv)
     try:
         run = setup(args)
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f'error: {e}')
-    if args.overwrite:
-        shutil.rmtree(args.out, ignore_errors=True)
-    os.makedirs(args.out, exist_ok=True)
+    run.claimed = args.resume
     steps = -(-len(run.tokens['train']) // args.batch)
     # one bar for the run (stderr); off when stderr is not a terminal, where the epoch lines say it all
     with tqdm(total=steps * (args.epochs - run.state['epoch']), desc='train', disable=None, dynamic_ncols=True) as bar:
@@ -268,7 +306,13 @@ def main(argv=None):
             tqdm.write(f"epoch {epoch:3d}  loss {line['train_loss']:.4f}  dev micro-F1 {100 * line['dev_micro_f1']:.2f}  "
                        f"macro-F1 {100 * line['dev_macro_f1']:.2f}  {line['seconds']:.1f} s"
                        + (f"  mixup, mean lambda {line['lambda']['mean']:.3f}" if line['mix'] else ''))
-            save_epoch(run, line)
+            try:
+                check_weights(run, epoch)
+                if not run.claimed:
+                    claim_out(run)
+                save_epoch(run, line)  # lhmix.save_checkpoint refuses non-finite weights
+            except FloatingPointError as e:
+                sys.exit(f'error: {e}')
     finish(run)
 
 
