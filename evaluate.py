@@ -232,6 +232,118 @@ def write_atomically(path, text):
         raise
 
 
+# -----------------------------------------------------------------------------
+# The paper's label case study (its t-SNE figure around "Hockey"): nearest labels by the
+# verbalizer's embeddings, at initialisation and after training
+
+
+def find_label(hierarchy, label):
+    """Id of `label`, given as its key or its (unique) name."""
+    if label in hierarchy.index:
+        return hierarchy.index[label]
+    hits = [v for v, name in enumerate(hierarchy.names) if name == label or name.lower() == label.lower()]
+    if len(hits) == 1:
+        return hits[0]
+    if hits:
+        raise ValueError(f"label name {label!r} is ambiguous: " + ', '.join(hierarchy.labels[v] for v in hits))
+    raise ValueError(f"label {label!r} is not in the checkpoint's hierarchy")
+
+
+def _ranks(emb, v):
+    """Cosine of every label's embedding with label v's, and each label's rank by it (1 = nearest;
+    v itself gets rank 0; ties broken by label id)."""
+    emb = emb.detach().float()
+    cos = torch.nn.functional.cosine_similarity(emb, emb[v:v + 1], dim=1).numpy()
+    order = [u for u in np.argsort(-cos, kind='stable') if u != v]
+    rank = np.zeros(len(emb), dtype=int)
+    rank[order] = np.arange(1, len(order) + 1)
+    return cos, rank
+
+
+def similar_labels(model, init_model, label, top=15):
+    """Every other label's cosine similarity to `label` (key or name) in the label embeddings of
+    `init_model` (at initialisation) and `model` (trained), with its rank among all labels but
+    `label` (1 = nearest). Returns dicts (label, rank_init, rank_trained, cos_init, cos_trained),
+    nearest after training first. `top` is kept for the printer's sake; all labels are returned."""
+    h = model.hierarchy
+    if init_model.hierarchy.labels != h.labels:
+        raise ValueError('the initial and trained models have different labels')
+    v = find_label(h, label)
+    cos_i, rank_i = _ranks(init_model.label_embeddings(), v)
+    cos_t, rank_t = _ranks(model.label_embeddings(), v)
+    rows = [{'label': h.labels[u], 'rank_init': int(rank_i[u]), 'rank_trained': int(rank_t[u]),
+             'cos_init': float(cos_i[u]), 'cos_trained': float(cos_t[u])} for u in range(len(h)) if u != v]
+    return sorted(rows, key=lambda r: r['rank_trained'])
+
+
+def print_similar(rows, hierarchy, label, top, file=None):
+    """One row per label in the top-`top` after training or at initialisation; change = rank at
+    init - rank after training (+ = moved nearer), 'new' if it was not in the init top-k."""
+    file = file or sys.stdout
+    v = find_label(hierarchy, label)
+    print(f"labels nearest to {hierarchy.labels[v]} ({hierarchy.names[v]}) by cosine of the label embeddings, "
+          f"top {top}", file=file)
+    print(f"{'trained':>7} {'init':>5} {'change':>6} {'cos':>7}  label", file=file)
+    for r in rows:
+        if r['rank_trained'] > top and r['rank_init'] > top:
+            continue
+        change = 'new' if r['rank_init'] > top else f"{r['rank_init'] - r['rank_trained']:+d}"
+        name = hierarchy.names[hierarchy.index[r['label']]]
+        print(f"{r['rank_trained']:>7} {r['rank_init']:>5} {change:>6} {r['cos_trained']:7.3f}  {r['label']} ({name})",
+              file=file)
+    k = min(top, len(rows))
+    kept = sum(r['rank_trained'] <= top and r['rank_init'] <= top for r in rows)
+    print(f'{kept} of the top {k} after training were in the top {k} at initialisation', file=file)
+
+
+def similar_main(args):
+    """--similar LABEL --ckpt CKPT [--top K] [--model PATH]."""
+    model, _, meta = lhmix.load_checkpoint(args.ckpt)
+    v = find_label(model.hierarchy, args.similar)
+    path = args.model or (meta.get('args') or {}).get('model')
+    if not path:
+        raise ValueError(f'{args.ckpt}: the checkpoint does not record its pretrained model; pass --model PATH')
+    if path == 'tiny':
+        raise ValueError("the run started from --model tiny (random init, not rebuildable); pass --model PATH")
+    mlm, tokenizer = lhmix.load_pretrained(path)
+    if len(tokenizer) != model.base_vocab or mlm.config.hidden_size != model.mlm.config.hidden_size:
+        raise ValueError(f'{path}: not the model this checkpoint was trained from (vocabulary or width differs)')
+    init_model = lhmix.build_model(mlm, tokenizer, model.hierarchy, model.arch, model.max_length)
+    rows = similar_labels(model, init_model, model.hierarchy.labels[v], args.top)
+    print_similar(rows, model.hierarchy, model.hierarchy.labels[v], args.top)
+    return rows
+
+
+# -----------------------------------------------------------------------------
+# Predictions for raw texts, one a line
+
+
+def read_lines(path):
+    """The lines of a file (or stdin for '-'), without their line ends; every line kept, empty ones too."""
+    if path == '-':
+        text = sys.stdin.read()
+    else:
+        with open(path, encoding='utf-8') as f:
+            text = f.read()
+    lines = text.split('\n')
+    if lines and lines[-1] == '':
+        lines.pop()  # the final line end does not start another line
+    return [line.rstrip('\r') for line in lines]
+
+
+def texts_main(args, device):
+    """--ckpt CKPT --texts FILE: one JSON line of lhmix.classify's output per input line."""
+    model, tokenizer, _ = lhmix.load_checkpoint(args.ckpt, device)
+    lines = read_lines(args.texts)
+    out = lhmix.classify(model, tokenizer, lines)
+    for r in out:
+        print(json.dumps(r))
+    cut = sum(r['truncated'] for r in out)
+    if cut:
+        print(f'{cut} of {len(lines)} texts truncated to max_length {model.max_length}', file=sys.stderr)
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--ckpt', help='a checkpoint folder written by train.py (OUT/best)')
@@ -243,7 +355,24 @@ def main(argv=None):
     p.add_argument('--save-predictions', help="write the checkpoint's predictions here (JSONL)")
     p.add_argument('--summary', nargs='+', metavar='RUN_DIR', help='summarise finished train.py runs')
     p.add_argument('--device', help='cuda or cpu (default: cuda when there is one)')
+    p.add_argument('--similar', metavar='LABEL', help="labels nearest to LABEL (key or name), at init and trained")
+    p.add_argument('--top', type=int, default=15, help='with --similar: how many nearest labels (default 15)')
+    p.add_argument('--model', help="with --similar: the pretrained model the run started from (default: the checkpoint's)")
+    p.add_argument('--texts', metavar='FILE', help="classify FILE's lines (- for stdin), one JSON line each")
     args = p.parse_args(argv)
+    if args.similar or args.texts:
+        if not args.ckpt:
+            p.error('--similar and --texts need --ckpt')
+        if args.top < 1:
+            p.error('--top must be >= 1')
+        try:
+            if args.similar:
+                similar_main(args)
+            else:
+                texts_main(args, torch.device(args.device or ('cuda' if torch.cuda.is_available() else 'cpu')))
+        except (ValueError, FileNotFoundError) as e:
+            sys.exit('error: ' + str(e).replace('\n', ' '))
+        return
     if args.summary:
         try:
             summary(args.summary)

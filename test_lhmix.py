@@ -1170,3 +1170,111 @@ def test_evaluate_flag_errors_before_computing(base_run, tmp_path, capsys, monke
         evaluate.main(['--ckpt', str(base_run / 'best'), '--data', 'demo'] + [f.format(t=tmp_path) for f in flags])
     assert e.value.code == 2 and 'error: ' + message.format(t=tmp_path) in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ['f'] and (tmp_path / 'f').read_text() == 'keep me'
+
+
+# evaluate.py --similar (the paper's label case study) and --texts
+
+
+def _set_label_rows(model, cosines, target, dims=128):
+    """Label `target` along e0; label u at cosine cosines[u] to it (in its own plane e0, e_{u+1}),
+    each row scaled differently so that a dot product would rank them otherwise."""
+    rows = torch.zeros(len(model.hierarchy), dims)
+    rows[target, 0] = 3.0
+    for u, c in cosines.items():
+        rows[u, 0], rows[u, u + 1] = c, math.sqrt(1 - c * c)
+        rows[u] *= 0.3 + 2.0 * u
+    with torch.no_grad():
+        model.label_embeddings().copy_(rows)
+
+
+def test_similar_labels_ranks_and_changes(capsys):
+    h = lhmix.Hierarchy(PARENTS)
+    torch.manual_seed(0)
+    init, _ = tiny_model(h)
+    trained, _ = tiny_model(h)
+    # target: label 5 (optics); cosines to it at init and after training, chosen by hand
+    _set_label_rows(init, {0: 0.9, 1: 0.1, 2: 0.5, 3: -0.3, 4: 0.7}, 5)
+    _set_label_rows(trained, {0: 0.2, 1: 0.95, 2: 0.85, 3: 0.8, 4: -0.5}, 5)
+    rows = evaluate.similar_labels(trained, init, 'optics', 2)  # by name; key works too
+    assert rows == evaluate.similar_labels(trained, init, 'Sci/quantum_physics/optics', 2)
+    got = {r['label']: (r['rank_init'], r['rank_trained']) for r in rows}
+    L = h.labels
+    assert got == {L[0]: (1, 4), L[4]: (2, 5), L[2]: (3, 2), L[1]: (4, 1), L[3]: (5, 3)}
+    assert [r['label'] for r in rows] == [L[1], L[2], L[3], L[0], L[4]]  # nearest after training first
+    assert rows[0]['cos_trained'] == pytest.approx(0.95, abs=1e-5) and rows[0]['cos_init'] == pytest.approx(0.1, abs=1e-5)
+    evaluate.print_similar(rows, h, 'optics', 3)
+    out = capsys.readouterr().out.splitlines()
+    body = [line.split() for line in out[2:-1]]
+    # top 3 after training {art, quantum physics, biology}, at init {sci, jazz music, quantum physics}
+    assert [(b[0], b[1], b[2], b[4]) for b in body] == [('1', '4', 'new', L[1]), ('2', '3', '+1', L[2]),
+                                                         ('3', '5', 'new', L[3]), ('4', '1', '-3', L[0]),
+                                                         ('5', '2', '-3', L[4])]
+    assert out[-1] == '1 of the top 3 after training were in the top 3 at initialisation'
+    with pytest.raises(ValueError, match="label 'Hockey' is not in the checkpoint's hierarchy"):
+        evaluate.similar_labels(trained, init, 'Hockey', 3)
+
+
+def test_similar_cli_rebuilds_initial_embeddings(tmp_path, capsys):
+    h = lhmix.Hierarchy(PARENTS)
+    torch.manual_seed(3)
+    mlm, tok = data.tiny_bert(TEXTS + h.names)
+    pre = str(tmp_path / 'pretrained')
+    mlm.save_pretrained(pre)
+    tok.save_pretrained(pre)
+    word_emb = mlm.get_input_embeddings().weight.detach().clone()
+    model = lhmix.build_model(mlm, tok, h, 'prompt')
+    _set_label_rows(model, {0: 0.2, 1: 0.95, 2: 0.85, 3: 0.8, 4: -0.5}, 5)  # "trained"
+    ck = str(tmp_path / 'ck')
+    lhmix.save_checkpoint(ck, model, tok, {'args': {'model': pre}})
+    evaluate.main(['--similar', 'optics', '--ckpt', ck, '--top', '2'])
+    out = capsys.readouterr().out.splitlines()
+    # the init ranks, independently: label rows = mean of the name's word-pieces in the pretrained model
+    init = torch.stack([word_emb[tok.convert_tokens_to_ids(n.lower().split())].mean(0) for n in h.names])
+    cos = torch.nn.functional.cosine_similarity(init, init[5:6], dim=1)
+    order = [u for u in torch.argsort(cos, descending=True, stable=True).tolist() if u != 5]
+    rank_init = {h.labels[u]: i + 1 for i, u in enumerate(order)}
+    rank_trained = {h.labels[u]: r for u, r in {1: 1, 2: 2, 3: 3, 0: 4, 4: 5}.items()}
+    shown = {line.split()[4]: (int(line.split()[0]), int(line.split()[1])) for line in out[2:-1]}
+    want = {v: (rank_trained[v], rank_init[v]) for v in rank_init if rank_trained[v] <= 2 or rank_init[v] <= 2}
+    assert shown == want
+    for argv, msg in ((['--similar', 'Hockey', '--ckpt', ck], "error: label 'Hockey' is not in the checkpoint's hierarchy"),
+                      (['--similar', 'optics', '--ckpt', ck, '--model', 'tiny'], 'error: the run started from --model tiny'),
+                      (['--similar', 'optics', '--ckpt', ck, '--model', str(tmp_path / 'nope')], 'error: ')):
+        with pytest.raises(SystemExit) as e:
+            evaluate.main(argv)
+        assert str(e.value).startswith(msg) and '\n' not in str(e.value)
+
+
+def test_texts_cli_one_json_line_per_input_line(tmp_path, capsys):
+    h = lhmix.Hierarchy(PARENTS)
+    torch.manual_seed(4)
+    mlm, tok = data.tiny_bert(TEXTS + h.names)
+    model = lhmix.build_model(mlm, tok, h, 'prompt', max_length=32)
+    with torch.no_grad():
+        model.label_bias.copy_(torch.tensor([5.0, -5.0, 5.0, -5.0, -5.0, 5.0]))
+    ck = str(tmp_path / 'ck')
+    lhmix.save_checkpoint(ck, model, tok, {})
+    long = ' '.join(['light waves bend in glass'] * 20)
+    lines = [TEXTS[0], '', long, TEXTS[2]]
+    path = tmp_path / 'in.txt'
+    path.write_text('\n'.join(lines) + '\n', encoding='utf-8')
+    evaluate.main(['--ckpt', ck, '--texts', str(path), '--device', 'cpu'])
+    cap = capsys.readouterr()
+    out = [json.loads(line) for line in cap.out.splitlines()]
+    assert len(out) == 4
+    assert out[1] == {'labels': [], 'paths': [], 'scores': {}, 'truncated': False}
+    assert [r['truncated'] for r in out] == [False, False, True, False]
+    assert '1 of 4 texts truncated to max_length 32' in cap.err
+    model.eval()
+    budget = model.text_budget(32)
+    for text, r in zip(lines, out):
+        if not text:
+            continue
+        ids = tok(text, add_special_tokens=False)['input_ids'][:budget]
+        x = torch.tensor([model.prefix + ids + [tok.sep_token_id]])
+        s = model.label_scores(x, torch.ones_like(x))[0]
+        on = [v for v in range(len(h)) if s[v] > 0]
+        assert on and sorted(r['labels']) == sorted(h.labels[v] for v in on)
+        assert [r['scores'][v] for v in h.labels] == pytest.approx(s.tolist(), abs=1e-3)
+        leaves = [v for v in on if not any(h.parent[c] == v for c in on)]
+        assert r['paths'] == [[h.names[a] for a in h.path(v)] for v in leaves]
