@@ -45,6 +45,32 @@ def _read_lines(path):
     return [(n, line.rstrip('\n')) for n, line in enumerate(io.StringIO(text, newline=None), 1)]
 
 
+def read_taxonomy(path, names=None):
+    """A Hierarchy from HiAGM's taxonomy format: one line per parent, `parent<TAB>child<TAB>child...`,
+    the root is `Root`; `names` (label -> readable name) for the verbalizer."""
+    parents, lines = {}, {}
+    for n, line in _read_lines(path):
+        cells = [c.strip() for c in line.split('\t') if c.strip()]
+        if not cells:
+            continue
+        where = f'{path}:{n}'
+        if len(cells) < 2:
+            raise ValueError(f'{where}: a taxonomy line needs a parent and at least one child')
+        if cells[0] != 'Root' and cells[0] not in parents:
+            lines.setdefault(cells[0], where)  # the parent may be declared later; checked below
+        for child in cells[1:]:
+            if child in parents:
+                raise ValueError(f'{where}: label {child!r} has two parents '
+                                 f'({parents[child]!r} on {lines[child]} and {cells[0]!r})')
+            parents[child], lines[child] = cells[0], where
+    if not parents:
+        raise ValueError(f'{path}: empty (expected lines parent<TAB>child<TAB>child..., the first parent Root)')
+    for p, where in list(lines.items()):
+        if p not in parents:
+            raise ValueError(f'{where}: {p!r} is neither Root nor a child of any label (refers to nothing)')
+    return Hierarchy(parents, names, lines)
+
+
 def wos_split(n):
     """HPT's split: np.random.seed(7) shuffle, then twice sklearn's train_test_split(test_size=0.2,
     random_state=0), reproduced with numpy (RandomState(0).permutation, test = first ceil(0.2 n))."""
@@ -210,9 +236,7 @@ def load_hiagm(folder):
                     raise ValueError(f'{names_file}:{n}: expected code<TAB>name')
                 names[code.strip()] = name.strip()
     taxonomy = one(('.taxonomy', '.taxnomy'), '*.taxonomy (or wos.taxnomy)')
-    if not any(line.strip() for _, line in _read_lines(taxonomy)):  # also checks it is UTF-8
-        raise ValueError(f'{taxonomy}: empty (expected lines parent<TAB>child<TAB>child..., the first parent Root)')
-    hierarchy = Hierarchy.from_taxonomy(taxonomy)
+    hierarchy = read_taxonomy(taxonomy)
     value_dict_file = os.path.join(folder, 'value_dict.pt')
     value_dict = _load_value_dict(value_dict_file) if os.path.exists(value_dict_file) else None
     raw = {}
@@ -228,7 +252,7 @@ def load_hiagm(folder):
                                value_dict_file, taxonomy)
         # the verbalizer's names are HPT's (e.g. 'HIV/AIDS' whole); label_names.tsv still wins
         names = {**{label_of[i]: value_dict[i] for i in label_of}, **names}
-    hierarchy = Hierarchy.from_taxonomy(taxonomy, names)
+    hierarchy = read_taxonomy(taxonomy, names)
     splits = {s: [(text, hierarchy.closure(hierarchy.index[label_of.get(v, v)] for v in labels))
                   for text, labels in docs] for s, docs in raw.items()}
     return hierarchy, splits

@@ -201,6 +201,19 @@ def summary(run_dirs):
     return rows
 
 
+def parse_device(parser, name):
+    """The torch.device of --device NAME (default: cuda when there is one), or the parser's error."""
+    try:
+        device = torch.device(name or ('cuda' if torch.cuda.is_available() else 'cpu'))
+    except RuntimeError:
+        parser.error(f'--device {name}: unknown device (cpu, cuda or cuda:N)')
+    if device.type not in ('cpu', 'cuda'):
+        parser.error(f'--device {name}: only cpu and cuda are supported')
+    if device.type == 'cuda' and not torch.cuda.is_available():
+        parser.error(f'--device {name}: no CUDA GPU is available here')
+    return device
+
+
 def output_problem(path):
     """Why the file `path` could not be written (None if it can: missing folders are made when it is)."""
     if path is None:
@@ -369,7 +382,7 @@ def main(argv=None):
             if args.similar:
                 similar_main(args)
             else:
-                texts_main(args, torch.device(args.device or ('cuda' if torch.cuda.is_available() else 'cpu')))
+                texts_main(args, parse_device(p, args.device))
         except (ValueError, FileNotFoundError) as e:
             sys.exit('error: ' + str(e).replace('\n', ' '))
         return
@@ -381,14 +394,7 @@ def main(argv=None):
         return
     if not args.data or bool(args.ckpt) == bool(args.predictions):
         p.error('give --data and one of --ckpt or --predictions (or --summary RUN_DIR...)')
-    try:
-        device = torch.device(args.device or ('cuda' if torch.cuda.is_available() else 'cpu'))
-    except RuntimeError:
-        p.error(f'--device {args.device}: unknown device (cpu, cuda or cuda:N)')
-    if device.type not in ('cpu', 'cuda'):
-        p.error(f'--device {args.device}: only cpu and cuda are supported')
-    if device.type == 'cuda' and not torch.cuda.is_available():
-        p.error(f'--device {args.device}: no CUDA GPU is available here')
+    device = parse_device(p, args.device)
     for flag in ('out', 'save_predictions'):  # checked before anything is computed
         problem = output_problem(getattr(args, flag))
         if problem:

@@ -79,31 +79,6 @@ class Hierarchy:
                 i = self.parent[i]
         return sorted(out)
 
-    @classmethod
-    def from_taxonomy(cls, path, names=None):
-        """HiAGM format: one line per parent, `parent<TAB>child<TAB>child...`, the root is `Root`."""
-        parents, lines = {}, {}
-        with open(path, encoding='utf-8') as f:
-            for n, line in enumerate(f, 1):
-                cells = [c.strip() for c in line.rstrip('\n').split('\t') if c.strip()]
-                if not cells:
-                    continue
-                where = f'{path}:{n}'
-                if len(cells) < 2:
-                    raise ValueError(f'{where}: a taxonomy line needs a parent and at least one child')
-                if cells[0] != 'Root' and cells[0] not in parents:
-                    # defer: the parent may be declared later; checked below
-                    lines.setdefault(cells[0], where)
-                for child in cells[1:]:
-                    if child in parents:
-                        raise ValueError(f'{where}: label {child!r} has two parents '
-                                         f'({parents[child]!r} on {lines[child]} and {cells[0]!r})')
-                    parents[child], lines[child] = cells[0], where
-        for p, where in list(lines.items()):
-            if p not in parents:
-                raise ValueError(f'{where}: {p!r} is neither Root nor a child of any label (refers to nothing)')
-        return cls(parents, names, lines)
-
     def to_dict(self):
         return {'labels': self.labels, 'names': self.names,
                 'parents': [self.labels[p] if p >= 0 else None for p in self.parent]}

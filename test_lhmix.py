@@ -294,7 +294,7 @@ def test_similarity_clamped_so_fractional_alpha_stays_finite():
 def test_hierarchy_from_taxonomy(tmp_path):
     path = write_lines(tmp_path / 'toy.taxonomy', ['Root\tCS\tMedical', 'CS\tML\tDB', '', 'Medical\tCancer',
                                                    'ML\tDeep_Learning'])
-    h = lhmix.Hierarchy.from_taxonomy(path, {'ML': 'machine learning'})
+    h = data.read_taxonomy(path, {'ML': 'machine learning'})
     assert h.labels == ['CS', 'Medical', 'ML', 'DB', 'Cancer', 'Deep_Learning']
     assert h.depth == [1, 1, 2, 2, 2, 3] and h.num_depths == 3
     assert h.by_depth == [[0, 1], [2, 3, 4], [5]]
@@ -320,7 +320,7 @@ def test_hierarchy_from_parent_map():
 def test_bad_taxonomy_names_label_and_line(tmp_path, lines, line_no, label, what):
     path = write_lines(tmp_path / 'bad.taxonomy', lines)
     with pytest.raises(ValueError) as e:
-        lhmix.Hierarchy.from_taxonomy(path)
+        data.read_taxonomy(path)
     msg = str(e.value)
     assert msg.startswith(f'{path}:{line_no}:') and repr(label) in msg and what in msg
 

@@ -77,32 +77,16 @@ def parse(argv=None):
             p.error(f"--{flag.replace('_', '-')} must be {what}, got {getattr(args, flag)}")
     if args.mix != 'none' and args.batch % 2:
         p.error(f'--batch must be even with Mixup (documents are mixed in pairs), got {args.batch}')
-    args.device = args.device or ('cuda' if torch.cuda.is_available() else 'cpu')
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        p.error(f'--device {args.device}: unknown device (cpu, cuda or cuda:N)')
-    if device.type not in ('cpu', 'cuda'):
-        p.error(f'--device {args.device}: only cpu and cuda are supported')
-    if device.type == 'cuda' and not torch.cuda.is_available():
-        p.error(f'--device {args.device}: no CUDA GPU is available here')
+    args.device = str(evaluate.parse_device(p, args.device))
     args.out = args.out or os.path.join('out', f'{os.path.basename(args.data.rstrip("/"))}-{args.arch}-{args.mix}-s{args.seed}')
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        p.error(f'--out {args.out}: is a file, not a folder')
-    above = os.path.dirname(os.path.abspath(args.out))
-    while not os.path.exists(above):  # the folder is made only when the first epoch is saved: check now
-        above = os.path.dirname(above)
-    if not os.path.isdir(above):
-        p.error(f'--out {args.out}: {above} is a file, not a folder')
-    if not os.access(above, os.W_OK | os.X_OK):
-        p.error(f'--out {args.out}: {above} is not writable')
+    problem = evaluate.output_problem(os.path.join(args.out, 'metrics.jsonl'))  # the folder is made later
+    if problem:
+        p.error(f'--out {args.out}: {problem}')
     if args.resume and args.overwrite:
         p.error('--resume and --overwrite exclude each other')
     if not args.resume and not args.overwrite and os.path.isdir(args.out) and os.listdir(args.out):
         p.error(f'--out {args.out}: holds an earlier run; continue it with --resume, replace it with '
                 '--overwrite, or choose another --out')
-    if args.resume and args.epochs <= args.warmup_epochs and args.mix != 'none':
-        pass  # the saved warm-up is checked after it is read
     return args
 
 
