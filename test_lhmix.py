@@ -1278,3 +1278,98 @@ def test_texts_cli_one_json_line_per_input_line(tmp_path, capsys):
         assert [r['scores'][v] for v in h.labels] == pytest.approx(s.tolist(), abs=1e-3)
         leaves = [v for v in on if not any(h.parent[c] == v for c in on)]
         assert r['paths'] == [[h.names[a] for a in h.path(v)] for v in leaves]
+
+
+# -----------------------------------------------------------------------------
+# Issue 7: Mixup partners of train_batches do not depend on length
+
+
+def _wos_lengths(n=640, seed=1234):
+    """Text lengths drawn like WOS's (word-pieces: normal, mean 284, sd 100, cut to 8..509)."""
+    return np.clip(np.random.default_rng(seed).normal(284, 100, n).round().astype(int), 8, 509)
+
+
+def _pairing_stats(lengths, epochs):
+    """From `epochs` (lists of (document ids, partner positions)): every |len_i - len_partner|, the
+    number of distinct partners of each document, and of distinct batch-mates (itself excluded)."""
+    diffs, partners, mates = [], [set() for _ in lengths], [set() for _ in lengths]
+    for batches in epochs:
+        for idx, partner in batches:
+            idx, partner = np.asarray(idx), np.asarray(partner)
+            for a, b in zip(idx, idx[partner]):
+                diffs.append(abs(int(lengths[a]) - int(lengths[b])))
+                partners[a].add(int(b))
+            for a in idx:
+                mates[a].update(int(b) for b in idx if b != a)
+    return (np.median(diffs), np.mean([len(s) for s in partners]), np.mean([len(s) for s in mates]))
+
+
+def _plain_shuffling(n, batch_size, rng):
+    """The reference, written independently of lhmix: shuffle, cut into batches, and give each
+    document a uniformly random other document of its batch as partner."""
+    perm, out = rng.permutation(n), []
+    for i in range(0, n, batch_size):
+        idx = perm[i:i + batch_size]
+        k = len(idx)
+        out.append((idx, (np.arange(k) + 1 + rng.integers(0, max(k - 1, 1), k)) % k))
+    return out
+
+
+def _sorted_by_length(lengths, batch_size, rng):
+    """The old behaviour: documents sorted by length, partners a permutation inside each batch."""
+    perm = rng.permutation(len(lengths))
+    perm = perm[np.argsort(lengths[perm], kind='stable')]
+    return [(perm[i:i + batch_size], rng.permutation(len(perm[i:i + batch_size])))
+            for i in range(0, len(perm), batch_size)]
+
+
+def test_mixup_partners_do_not_depend_on_length():
+    lengths, epochs, B = _wos_lengths(), 20, 16
+    rng = np.random.default_rng(0)
+    paired = _pairing_stats(lengths, [lhmix.train_batches(lengths, B, rng, paired=True) for _ in range(epochs)])
+    rng = np.random.default_rng(1)
+    plain = _pairing_stats(lengths, [_plain_shuffling(len(lengths), B, rng) for _ in range(epochs)])
+    rng = np.random.default_rng(2)
+    old = _pairing_stats(lengths, [_sorted_by_length(lengths, B, rng) for _ in range(epochs)])
+    print(f'median |len_i - len_partner|, distinct partners, distinct batch-mates over {epochs} epochs: '
+          f'paired {paired}, plain shuffling {plain}, sorted by length {old}')
+    # (a) a partner's length is that of any document: as plain shuffling (sd 100 -> median ~95), not ~3
+    assert abs(paired[0] / plain[0] - 1) < 0.15
+    assert old[0] < 0.1 * plain[0]
+    # (b) a new partner almost every epoch, as plain shuffling
+    assert paired[1] > 0.95 * epochs and abs(paired[1] / plain[1] - 1) < 0.05
+    assert old[1] < 0.7 * epochs
+    # (c) batch-mates: the pair bucketing still groups pairs of similar (max) length, so somewhat
+    # fewer distinct batch-mates than plain shuffling (measured ~206 against ~242), yet ten times
+    # those of length-sorted batches (~18)
+    assert 0.75 * plain[2] < paired[2] <= plain[2]
+    assert paired[2] > 8 * old[2]
+
+
+@pytest.mark.parametrize('n,batch', [(640, 16), (17, 16), (33, 16), (7, 4), (1, 16), (3, 2), (5000, 16)])
+def test_train_batches_each_document_once_partners_symmetric(n, batch):
+    lengths = _wos_lengths(n, seed=n)
+    rng = np.random.default_rng(n)
+    for paired in (True, False):
+        for _ in range(3):
+            batches = lhmix.train_batches(lengths, batch, rng, paired=paired)
+            ids = np.concatenate([idx for idx, _ in batches])
+            assert sorted(ids.tolist()) == list(range(n))   # each document exactly once per epoch
+            assert all(0 < len(idx) <= batch for idx, _ in batches)
+            if not paired:
+                assert all(p is None for _, p in batches)
+                continue
+            odd = 0
+            for idx, partner in batches:
+                p = partner.numpy()
+                assert len(p) == len(idx) and ((0 <= p) & (p < len(idx))).all()
+                if len(idx) == 1:
+                    assert p.tolist() == [0]   # a batch of one mixes with itself (lambda moot)
+                    odd += 1
+                    continue
+                assert (p != np.arange(len(idx))).all()   # never the document itself
+                sym = p[p] == np.arange(len(idx))
+                odd += int((~sym).sum())
+                # a pair sits side by side, as it was taken from the shuffle
+                assert (np.abs(p - np.arange(len(idx)))[sym] == 1).all()
+            assert odd == n % 2   # only the one document left over by an odd count is unpaired
