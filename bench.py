@@ -75,52 +75,119 @@ def compare(fns, batches, device, rounds):
     return {k: (float(np.median(times[k])), peak[k]) for k in fns}
 
 
-def train_steps(args, device, rng):
-    """ms per step and peak GiB of the floor, Prompt and LH-Mix steps on identical batches."""
+def _pad_len(model, n, multiple):
+    return -(-(len(model.prefix) + n + 1) // multiple) * multiple
+
+
+def lhmix_step(model, opt, device, mix='lhmix'):
+    """One training step as train.py's train_epoch runs it (ratios on the CPU, copied with the batch)."""
+    def run(item):
+        b, (h, partner) = item
+        if mix != 'none':
+            b = dict(b, partner=partner)
+            b['lam'] = lhmix.pair_ratios(mix, partner, h)
+        b = lhmix.to_device(b, device)
+        with lhmix.autocast(device):
+            loss = model(**b)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return run
+
+
+def build_batches(model, docs, labels, order, table, rows, multiple, seed, static):
+    rng = np.random.default_rng(seed)  # the same masks whether or not the MLM positions are padded
+    batches = [lhmix.make_batch(model, [docs[i] for i in idx], [labels[i] for i in idx], multiple, rng, 0.15,
+                                static=static) for idx, _ in order]
+    return list(zip(batches, [(table[rows[idx]], partner) for idx, partner in order]))
+
+
+def padding(batches):
+    real = sum(int(b['attention_mask'].sum()) for b, _ in batches)
+    return 100 * (sum(b['input_ids'].numel() for b, _ in batches) / real - 1)
+
+
+def pairing_cost(args, model, opt, device, rng):
+    """The LH-Mix step on paired batches (train.py's) against unpaired length-bucketed batches
+    (partners a random permutation inside each batch), same documents, all length buckets."""
+    docs = documents(args.batch * args.steps, args.lengths, SIZES[args.size]['vocab_size'], model.text_budget(512), rng)
+    labels = [[int(rng.integers(7)), 7 + int(rng.integers(134))] for _ in docs]
+    table, rows = torch.randn(64, model.mlm.config.hidden_size), torch.from_numpy(rng.integers(0, 64, len(docs)))
+    multiple = lhmix.pad_multiple(device)
+    lengths = [len(d) for d in docs]
+    paired = lhmix.train_batches(lengths, args.batch, np.random.default_rng(1), paired=True)
+    r = np.random.default_rng(2)
+    unpaired = [(idx, torch.from_numpy(r.permutation(len(idx)))) for idx, _ in
+                lhmix.train_batches(lengths, args.batch, r, paired=False)]
+    out = {}
+    for name, order in (('paired', paired), ('unpaired', unpaired)):
+        batches = build_batches(model, docs, labels, order, table, rows, multiple, 3, False)
+        out[name] = (padding(batches), compare({name: lhmix_step(model, opt, device)}, batches, device, args.rounds)[name][0])
+    return out
+
+
+def train_steps(args, device, rng, compiled):
+    """ms per step and peak GiB of the floor, Prompt and LH-Mix steps, eager and (when `compiled`)
+    compiled, on identical batches of one sequence length (the commonest bucket: one graph each)."""
     model = make_model(args.size, 'prompt', device)
+    multiple = lhmix.pad_multiple(device)
     max_text = model.text_budget(512)
-    docs = documents(args.batch * args.steps, args.lengths, SIZES[args.size]['vocab_size'], max_text, rng)
+    docs = documents(args.batch * args.steps * 4, args.lengths, SIZES[args.size]['vocab_size'], max_text, rng)
     labels = [[int(rng.integers(7)), 7 + int(rng.integers(134))] for _ in docs]
     table = torch.randn(64, model.mlm.config.hidden_size)  # cached local hierarchies (on the CPU, as in train.py)
     rows = torch.from_numpy(rng.integers(0, 64, len(docs)))
-    multiple = lhmix.pad_multiple(device)
     order = lhmix.train_batches([len(d) for d in docs], args.batch, rng, paired=True)
-    batches = [lhmix.make_batch(model, [docs[i] for i in idx], [labels[i] for i in idx], multiple, rng, 0.15)
-               for idx, _ in order]
-    hier = [(table[rows[idx]], partner) for idx, partner in order]
+    T = [_pad_len(model, max(len(docs[i]) for i in idx), multiple) for idx, _ in order]
+    common = max(set(T), key=T.count)
+    order = [o for o, t in zip(order, T) if t == common and len(o[0]) == args.batch][:args.steps]
+    eager_b = build_batches(model, docs, labels, order, table, rows, multiple, 3, False)
+    static_b = build_batches(model, docs, labels, order, table, rows, multiple, 3, True)
     fused = device.type == 'cuda'
     encoder = model.mlm.base_model
     floor_opt = torch.optim.Adam(encoder.parameters(), lr=1e-5, fused=fused)
     opt = torch.optim.Adam(model.parameters(), lr=1e-5, fused=fused)
 
-    def floor(item):
-        b = lhmix.to_device({k: item[0][k] for k in ('input_ids', 'attention_mask')}, device)
-        with lhmix.autocast(device):
-            h = encoder(input_ids=b['input_ids'], attention_mask=b['attention_mask']).last_hidden_state
-        h.float().square().mean().backward()
-        floor_opt.step()
-        floor_opt.zero_grad(set_to_none=True)
+    def floor_loss(ids, mask):
+        return encoder(input_ids=ids, attention_mask=mask).last_hidden_state.float().square().mean()
+    floor_compiled = torch.compile(floor_loss, dynamic=False) if compiled else None
 
-    def step(mix):
+    def floor(loss_fn):
         def run(item):
-            b, (h, partner) = item
-            if mix != 'none':  # as train.py: ratios made on the CPU, copied with the batch
-                b = dict(b, partner=partner)
-                b['lam'] = lhmix.pair_ratios(mix, partner, h)
-            b = lhmix.to_device(b, device)
+            b = lhmix.to_device({k: item[0][k] for k in ('input_ids', 'attention_mask')}, device)
             with lhmix.autocast(device):
-                loss = model(**b)
+                loss = loss_fn(b['input_ids'], b['attention_mask'])
             loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            floor_opt.step()
+            floor_opt.zero_grad(set_to_none=True)
         return run
 
-    fns = {'floor': floor, 'prompt': step('none'), 'lhmix': step('lhmix')}
-    batches = list(zip(batches, hier))
-    out = compare(fns, batches, device, args.rounds)
-    tokens = sum(int(b['attention_mask'].sum()) for b, _ in batches) / len(batches)
-    padded = sum(b['input_ids'].numel() for b, _ in batches) / len(batches)
-    return out, tokens, padded, model, fns, batches
+    lhmix.compile_model(model, compiled)
+    parts = model._compiled
+
+    def mode(fn, on):  # the same model, run eager or through its compiled parts
+        def run(item):
+            model._compiled = parts if on else {}
+            fn(item)
+        return run
+    fns = {'floor': floor(floor_loss), 'prompt': mode(lhmix_step(model, opt, device, 'none'), False),
+           'lhmix': mode(lhmix_step(model, opt, device), False)}
+    out = compare(fns, eager_b, device, args.rounds)
+    compile_s = {}
+    if compiled:
+        cfns = {'floor': floor(floor_compiled), 'prompt': mode(lhmix_step(model, opt, device, 'none'), True),
+                'lhmix': mode(lhmix_step(model, opt, device), True)}
+        for k, fn in cfns.items():  # the first call of each compiles its one graph
+            t0 = time.perf_counter()
+            fn(static_b[0])
+            if device.type == 'cuda':
+                torch.cuda.synchronize()
+            compile_s[k] = time.perf_counter() - t0
+        out.update({k + '_compiled': v for k, v in compare(cfns, static_b, device, args.rounds).items()})
+    model._compiled = {}
+    limit = None
+    if device.type == 'cuda':
+        limit = profile({'floor': fns['floor']}, eager_b[:10], device)['floor'][1]
+    return out, compile_s, limit, common, len(order), model, opt, fns, eager_b
 
 
 def profile(fns, batches, device):
@@ -129,6 +196,7 @@ def profile(fns, batches, device):
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == 'cuda' else [])
+    out = {}
     for name, fn in fns.items():
         with profile(activities=activities) as prof:
             for b in batches:
@@ -139,16 +207,74 @@ def profile(fns, batches, device):
         cpu = sum(e.self_cpu_time_total for e in events) / len(batches) / 1000
         gpu = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CPU) / len(batches) / 1000
         print(f'profile {name:<7} CPU {cpu:7.2f} ms/step   GPU kernels {gpu:7.2f} ms/step')
+        out[name] = (cpu, gpu)
+    return out
 
 
-def eval_throughput(model, args, device, rng):
+def eval_throughput(model, args, device, rng, compiled, common):
+    """documents/s of lhmix.score_documents: eager over WOS-like lengths (every bucket), and eager
+    against compiled over documents of the commonest bucket only (one graph)."""
+    def speed(docs):
+        t0 = time.perf_counter()
+        lhmix.score_documents(model, docs)  # warm-up: every bucket once (and the compile)
+        if device.type == 'cuda':
+            torch.cuda.synchronize()
+        first = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        lhmix.score_documents(model, docs)
+        return len(docs) / (time.perf_counter() - t0), first
+    multiple = lhmix.pad_multiple(device)
     docs = documents(args.eval_docs, args.lengths, SIZES[args.size]['vocab_size'], model.text_budget(512), rng)
-    lhmix.score_documents(model, docs)  # warm-up: every bucket once
-    if device.type == 'cuda':
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    lhmix.score_documents(model, docs)
-    return len(docs) / (time.perf_counter() - t0)
+    lhmix.compile_model(model, False)
+    out = {'all': speed(docs)}
+    band = documents(args.eval_docs * 4, args.lengths, SIZES[args.size]['vocab_size'], model.text_budget(512), rng)
+    band = [d for d in band if _pad_len(model, len(d), multiple) == common][:args.eval_docs]
+    out['band'] = speed(band)
+    if compiled:
+        lhmix.compile_model(model, True)
+        out['band_compiled'] = speed(band)
+        lhmix.compile_model(model, False)
+    return out, len(band)
+
+
+class _Bar:
+    def update(self, n):
+        pass
+
+
+def epoch_run(args, device, compiled):
+    """One training epoch (LH-Mix, MLM on) and the dev evaluation at WOS's size, through train.py's
+    own train_epoch (lhmix.train_batches, make_batch, the step, lhmix.score_documents)."""
+    import argparse as ap
+    import train
+    rng = np.random.default_rng(5)
+    model = make_model(args.size, 'prompt', device)
+    n_train, n_dev = max(32, int(30070 * args.epoch_scale)), max(16, int(7518 * args.epoch_scale))
+    vocab, max_text = SIZES[args.size]['vocab_size'], model.text_budget(512)
+    tokens = {'train': documents(n_train, args.lengths, vocab, max_text, rng),
+              'dev': documents(n_dev, args.lengths, vocab, max_text, rng)}
+    labels = [[int(rng.integers(7)), 7 + int(rng.integers(134))] for _ in tokens['train']]
+    dev_gold = [[int(rng.integers(7)), 7 + int(rng.integers(134))] for _ in tokens['dev']]
+    lhmix.compile_model(model, compiled)
+    targs = ap.Namespace(**{**train.PAPER, 'warmup_epochs': 0, 'no_mlm': False})
+    run = ap.Namespace(args=targs, device=device, hierarchy=model.hierarchy, model=model, tokens=tokens,
+                       labels=labels, dev_gold=dev_gold, table=torch.randn(64, model.mlm.config.hidden_size),
+                       rows=torch.from_numpy(rng.integers(0, 64, n_train)),
+                       opt=torch.optim.Adam(model.parameters(), lr=targs.lr, fused=device.type == 'cuda'),
+                       scaler=torch.amp.GradScaler(device.type, enabled=False))
+    times = []
+    for epoch in range(2 if compiled else 1):  # compiled: the first epoch compiles, the second does not
+        t0 = time.perf_counter()
+        line = train.train_epoch(run, epoch, _Bar())
+        total = time.perf_counter() - t0
+        times.append((total, line['seconds'], total - line['seconds']))
+    graphs = None
+    try:
+        from torch._dynamo.utils import counters
+        graphs = counters['stats'].get('unique_graphs')
+    except Exception:
+        pass
+    return n_train, n_dev, times, graphs
 
 
 def plain_zmlce(scores, targets):
@@ -191,6 +317,11 @@ def main():
     p.add_argument('--profile', action='store_true', help='also profile 10 steps of each (CPU and GPU time)')
     p.add_argument('--eval-docs', type=int, default=4096)
     p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    p.add_argument('--compile', choices=['auto', 'on', 'off'], default='auto',
+                   help='also time the compiled steps and evaluation (auto: on for CUDA, off for CPU)')
+    p.add_argument('--epoch', action='store_true',
+                   help="instead: one training epoch + dev evaluation at WOS's size through train.py, eager and compiled")
+    p.add_argument('--epoch-scale', type=float, default=1.0, help='--epoch with this share of the documents')
     args = p.parse_args()
     device = torch.device(args.device)
     if device.type == 'cpu':
@@ -199,19 +330,54 @@ def main():
     import transformers
     print(f'device: {name}; torch {torch.__version__}, transformers {transformers.__version__}; '
           f'size {args.size}, lengths {args.lengths}, batch {args.batch}, {args.steps} steps x {args.rounds} rounds')
+    compiled = args.compile == 'on' or (args.compile == 'auto' and device.type == 'cuda')
+    if args.epoch:
+        for c in ([False, True] if compiled else [False]):
+            n_train, n_dev, times, graphs = epoch_run(args, device, c)
+            for e, (total, tr, ev) in enumerate(times):
+                print(f"epoch {'compiled' if c else 'eager   '} #{e}: {n_train} train + {n_dev} dev documents: "
+                      f"{total:.1f} s ({tr:.1f} s training, {tr / -(-n_train // args.batch) * 1000:.2f} ms/step; "
+                      f"{ev:.1f} s dev evaluation)" + (' (compiles)' if c and e == 0 else ''))
+            if c:
+                print(f'compile time (epoch #0 - epoch #1): {times[0][0] - times[1][0]:.1f} s; '
+                      f'graphs compiled in this process: {graphs}')
+        return
     rng = np.random.default_rng(0)
-    steps, tokens, padded, model, fns, batches = train_steps(args, device, rng)
-    print(f'mean tokens per batch {tokens:.0f} real, {padded:.0f} padded ({100 * (padded / tokens - 1):.1f}% padding)')
-    floor = steps['floor'][0]
-    print(f"{'training step':<34} {'ms/step':>9} {'x floor':>8} {'peak GiB':>9}  (peak: weights, both Adam states, activations)")
+    steps, compile_s, limit, common, n, model, opt, fns, batches = train_steps(args, device, rng, compiled)
+    pad = padding(batches)
+    print(f'timed batches: {n} of {args.batch} documents, all of sequence length {common} (the commonest bucket; '
+          f'one compiled graph each), {pad:.1f}% padding')
+    if limit is None:
+        limit, what = steps['floor'][0], 'the eager floor (no GPU: no kernel-time limit)'
+    else:
+        what = "the eager floor's GPU-kernel time (profiled)"
+    print(f'limit: {limit:.2f} ms/step = {what}')
+    print(f"{'training step':<34} {'ms/step':>9} {'x limit':>8} {'peak GiB':>9}  (peak: weights, both Adam states, activations)")
     labels = {'floor': 'floor (encoder fwd+bwd+Adam)', 'prompt': 'Prompt step (--mix none)', 'lhmix': 'LH-Mix step'}
-    for k, (ms, peak) in steps.items():
-        print(f'{labels[k]:<34} {ms:9.2f} {ms / floor:8.3f} {peak:9.2f}')
-    print(f"LH-Mix / Prompt: {steps['lhmix'][0] / steps['prompt'][0]:.3f}")
+    for k in ('floor', 'prompt', 'lhmix'):
+        for name in (k, k + '_compiled'):
+            if name in steps:
+                ms, peak = steps[name]
+                label = labels[k] + (' compiled' if name != k else ' eager')
+                print(f'{label:<34} {ms:9.2f} {ms / limit:8.3f} {peak:9.2f}')
+    if not compiled:
+        print('compiled steps: not run (--compile off, or auto on a CPU)')
+    if compile_s:
+        print('compile time of the first call (one graph): ' + ', '.join(f'{k} {v:.1f} s' for k, v in compile_s.items()))
+    print(f"LH-Mix / Prompt (eager): {steps['lhmix'][0] / steps['prompt'][0]:.3f}")
     if args.profile:
         profile(fns, batches[:10], device)
     del fns, batches
-    print(f'evaluation: {eval_throughput(model, args, device, rng):.0f} documents/s')
+    cost = pairing_cost(args, model, opt, device, rng)
+    for k, (pct, ms) in cost.items():
+        print(f'LH-Mix step eager, {k + " batches":<18} (all buckets, {args.steps} steps): {pct:5.1f}% padding, '
+              f'{ms:8.2f} ms/step')
+    ev, n_band = eval_throughput(model, args, device, rng, compiled, common)
+    print(f"evaluation eager, WOS-like lengths: {ev['all'][0]:.0f} documents/s")
+    print(f"evaluation eager, {n_band} documents of length bucket {common}: {ev['band'][0]:.0f} documents/s")
+    if 'band_compiled' in ev:
+        print(f"evaluation compiled, same documents: {ev['band_compiled'][0]:.0f} documents/s "
+              f"(first pass, compile included: {ev['band_compiled'][1]:.1f} s)")
     del model
     shapes = [(16 * 2, 141), (16 * 8, 166), (4096, 4096)] if device.type == 'cuda' else [(16 * 2, 141), (16 * 8, 166)]
     print(f"{'ZMLCE fwd+bwd (rows, labels)':<30} {'fused ms':>9} {'plain ms':>9} {'speedup':>8} "

@@ -423,31 +423,82 @@ def mixed_zmlce(scores, targets_i, targets_j, lam, valid=None):
     return lam * loss_i + (1 - lam) * loss_j
 
 
+def loss_parts(model, input_ids, attention_mask, partner=None, lam=None, mlm_pos=None, mlm_labels=None,
+               rows='depth'):
+    """The loss up to ZMLCE: (scores p or p~, their valid mask or None, the MLM term or None).
+    This is the part `compile_model` compiles; the ZMLCE autograd Function (a Triton kernel on
+    CUDA) stays outside the graph."""
+    hidden = model.encode(input_ids, attention_mask)
+    h = model.slots(hidden)
+    if partner is not None:
+        h = mix_hidden(h, h[partner], lam)                          # Eq. 5
+    p = model.score(h)                                              # Eq. 1 / Eq. 6: p~ = f(h~)
+    v = model.valid
+    if rows != 'depth':
+        p, v = model.per_label(p)[:, None], None
+    mlm = model.mlm_loss(hidden, mlm_pos, mlm_labels) if mlm_pos is not None else None
+    return p, v, mlm
+
+
 def training_loss(model, input_ids, attention_mask, targets, partner=None, lam=None, mlm_pos=None,
                   mlm_labels=None, rows='depth'):
     """The loss of one batch: ZMLCE of each document (Eq. 2), or with `partner`/`lam` the Mixup of
     each document's slot hidden states with its partner's (Eqs. 5-7); the per-document loss sums
     the depths, the batch takes the mean; plus HPT's MLM term where positions are masked.
     rows='depth' is the paper's Eq. 2, one row per depth over V^d; rows='document' is the authors'
-    code, one row per document over all its labels."""
-    hidden = model.encode(input_ids, attention_mask)
-    h = model.slots(hidden)
+    code, one row per document over all its labels. Runs `loss_parts` compiled after `compile_model`."""
+    parts = getattr(model, '_compiled', {}).get('loss_parts', loss_parts)
+    p, v, mlm = parts(model, input_ids, attention_mask, partner, lam, mlm_pos, mlm_labels, rows)
     t = targets[:, None, :]
-    valid = model.valid
-
-    def rows_of(p):
-        return (p, valid) if rows == 'depth' else (model.per_label(p)[:, None], None)
     if partner is None:
-        p, v = rows_of(model.score(h))
         loss = zmlce(p, t, v)
     else:
-        h_mix = mix_hidden(h, h[partner], lam)                      # Eq. 5
-        p_mix, v = rows_of(model.score(h_mix))                      # Eq. 6: p~ = f(h~)
-        loss = mixed_zmlce(p_mix, t, t[partner], lam, v)            # Eq. 7
+        loss = mixed_zmlce(p, t, t[partner], lam, v)                # Eq. 7
     loss = loss.sum(-1).mean()
-    if mlm_pos is not None:
-        loss = loss + model.mlm_loss(hidden, mlm_pos, mlm_labels)
+    if mlm is not None:
+        loss = loss + mlm
     return loss
+
+
+def _label_scores(model, input_ids, attention_mask):
+    return model.per_label(model.score(model.slots(model.encode(input_ids, attention_mask)))).float()
+
+
+COMPILE_RECOMPILE_LIMIT = 256  # graphs per compiled function: see compile_model
+
+
+def compile_model(model, enable=True):
+    """Compiles (torch.compile, inductor, static shapes) `loss_parts` for training and the label
+    scores for `score_documents`; enable=False goes back to eager. Shapes stay few: sequences are
+    padded to a multiple of 32 (16 lengths up to 512), masked-LM positions to a fixed count per batch
+    shape (`mlm_capacity`), and evaluation batches to a full batch. A training run compiles one graph
+    per (sequence length, batch size, with/without Mixup): at most 16 x 2 x 2 = 64 for WOS (batch 16
+    and the epoch's one smaller last batch; warm-up epochs without Mixup), and 16 for evaluation."""
+    model._compiled = {}
+    if not enable:
+        return model
+    import torch._dynamo.config as dc
+    for name in ('recompile_limit', 'cache_size_limit'):  # the name changed across torch versions
+        if hasattr(dc, name):
+            setattr(dc, name, max(getattr(dc, name), COMPILE_RECOMPILE_LIMIT))
+    for name in ('accumulated_recompile_limit', 'accumulated_cache_size_limit'):
+        if hasattr(dc, name):
+            setattr(dc, name, max(getattr(dc, name), 4 * COMPILE_RECOMPILE_LIMIT))
+    model._compiled = {'loss_parts': torch.compile(loss_parts, dynamic=False),
+                       'label_scores': torch.compile(_label_scores, dynamic=False)}
+    return model
+
+
+def is_compiled(model):
+    return bool(getattr(model, '_compiled', None))
+
+
+def mlm_capacity(batch_size, seq_len, rate):
+    """A fixed count of masked-LM positions per batch shape (B, T), for static shapes under compile:
+    the mean count at `rate` over all B*T positions plus 8 standard deviations, rounded up to 64 (a
+    batch masks more with probability < 1e-15; `make_batch` then takes a multiple of it)."""
+    n = batch_size * seq_len
+    return int(-(-(rate * n + 8 * math.sqrt(n * rate * (1 - rate)) + 1) // 64) * 64)
 
 
 # -----------------------------------------------------------------------------
@@ -474,10 +525,11 @@ def pad(seqs, pad_id, multiple):
     return torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64))
 
 
-def make_batch(model, token_ids, labels, multiple, rng=None, mlm_rate=0.0):
+def make_batch(model, token_ids, labels, multiple, rng=None, mlm_rate=0.0, static=False):
     """Inputs `prefix text [SEP]` from each text's word-piece ids, bool targets (B, V), and, with
     mlm_rate > 0, BERT-style masking of text word-pieces (80% [MASK], 10% another word-piece of the
-    batch, 10% kept), chosen here on the CPU so the step never syncs."""
+    batch, 10% kept), chosen here on the CPU so the step never syncs. static=True (compiled steps)
+    pads the masked positions to `mlm_capacity` with label -100 (ignored by the loss: same value)."""
     prefix, sep = model.prefix, model.special['sep']
     seqs = [np.concatenate([prefix, t, [sep]]) for t in token_ids]
     ids, mask = pad(seqs, model.special['pad'], multiple)
@@ -497,6 +549,11 @@ def make_batch(model, token_ids, labels, multiple, rng=None, mlm_rate=0.0):
         words = np.concatenate(token_ids)
         flat[rand] = torch.from_numpy(words[rng.integers(0, len(words), len(rand))])
         if len(pos):  # decided here, on the CPU: a batch with nothing masked has no MLM term
+            if static:
+                cap = mlm_capacity(*ids.shape, mlm_rate)
+                cap *= -(-len(pos) // cap)
+                pos = torch.cat([pos, pos.new_zeros(cap - len(pos))])
+                gold = torch.cat([gold, gold.new_full((cap - len(gold),), -100)])
             batch['mlm_pos'], batch['mlm_labels'] = pos, gold
     return batch
 
@@ -564,11 +621,18 @@ def score_documents(model, token_ids, batch_size=128, progress=None):
     order = np.argsort([len(t) for t in token_ids], kind='stable')
     out = torch.zeros(len(token_ids), len(model.hierarchy))
     parts = []
+    compiled = getattr(model, '_compiled', {}).get('label_scores')
     for i in range(0, len(order), batch_size):
         idx = order[i:i + batch_size]
-        b = to_device(make_batch(model, [token_ids[j] for j in idx], [[]] * len(idx), multiple), device)
+        docs = [token_ids[j] for j in idx]
+        if compiled is not None:  # a full batch (empty texts added, their rows dropped): one shape per length
+            docs += [docs[0][:0]] * (batch_size - len(docs))
+        b = to_device(make_batch(model, docs, [[]] * len(docs), multiple), device)
         with autocast(device):
-            parts.append((idx, model.label_scores(b['input_ids'], b['attention_mask'])))
+            if compiled is None:
+                parts.append((idx, model.label_scores(b['input_ids'], b['attention_mask'])))
+            else:
+                parts.append((idx, compiled(model, b['input_ids'], b['attention_mask'])[:len(idx)]))
         if progress:
             progress(len(idx))
     for idx, s in parts:  # copy back at the end: no host sync between batches

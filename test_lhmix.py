@@ -1308,3 +1308,186 @@ def test_readme_training_example_runs_as_written(tmp_path, capsys):
     torch.manual_seed(0)
     exec(code, {'MODEL': str(tmp_path / 'm')})
     assert capsys.readouterr().out.strip().startswith('[[')  # the (N, V) bool predictions
+
+
+# Issue 7: Mixup partners of train_batches do not depend on length
+
+
+def _wos_lengths(n=640, seed=1234):
+    """Text lengths drawn like WOS's (word-pieces: normal, mean 284, sd 100, cut to 8..509)."""
+    return np.clip(np.random.default_rng(seed).normal(284, 100, n).round().astype(int), 8, 509)
+
+
+def _pairing_stats(lengths, epochs):
+    """From `epochs` (lists of (document ids, partner positions)): every |len_i - len_partner|, the
+    number of distinct partners of each document, and of distinct batch-mates (itself excluded)."""
+    diffs, partners, mates = [], [set() for _ in lengths], [set() for _ in lengths]
+    for batches in epochs:
+        for idx, partner in batches:
+            idx, partner = np.asarray(idx), np.asarray(partner)
+            for a, b in zip(idx, idx[partner]):
+                diffs.append(abs(int(lengths[a]) - int(lengths[b])))
+                partners[a].add(int(b))
+            for a in idx:
+                mates[a].update(int(b) for b in idx if b != a)
+    return (np.median(diffs), np.mean([len(s) for s in partners]), np.mean([len(s) for s in mates]))
+
+
+def _plain_shuffling(n, batch_size, rng):
+    """The reference, written independently of lhmix: shuffle, cut into batches, and give each
+    document a uniformly random other document of its batch as partner."""
+    perm, out = rng.permutation(n), []
+    for i in range(0, n, batch_size):
+        idx = perm[i:i + batch_size]
+        k = len(idx)
+        out.append((idx, (np.arange(k) + 1 + rng.integers(0, max(k - 1, 1), k)) % k))
+    return out
+
+
+def _sorted_by_length(lengths, batch_size, rng):
+    """The old behaviour: documents sorted by length, partners a permutation inside each batch."""
+    perm = rng.permutation(len(lengths))
+    perm = perm[np.argsort(lengths[perm], kind='stable')]
+    return [(perm[i:i + batch_size], rng.permutation(len(perm[i:i + batch_size])))
+            for i in range(0, len(perm), batch_size)]
+
+
+def test_mixup_partners_do_not_depend_on_length():
+    lengths, epochs, B = _wos_lengths(), 20, 16
+    rng = np.random.default_rng(0)
+    paired = _pairing_stats(lengths, [lhmix.train_batches(lengths, B, rng, paired=True) for _ in range(epochs)])
+    rng = np.random.default_rng(1)
+    plain = _pairing_stats(lengths, [_plain_shuffling(len(lengths), B, rng) for _ in range(epochs)])
+    rng = np.random.default_rng(2)
+    old = _pairing_stats(lengths, [_sorted_by_length(lengths, B, rng) for _ in range(epochs)])
+    print(f'median |len_i - len_partner|, distinct partners, distinct batch-mates over {epochs} epochs: '
+          f'paired {paired}, plain shuffling {plain}, sorted by length {old}')
+    # (a) a partner's length is that of any document: as plain shuffling (sd 100 -> median ~95), not ~3
+    assert abs(paired[0] / plain[0] - 1) < 0.15
+    assert old[0] < 0.1 * plain[0]
+    # (b) a new partner almost every epoch, as plain shuffling
+    assert paired[1] > 0.95 * epochs and abs(paired[1] / plain[1] - 1) < 0.05
+    assert old[1] < 0.7 * epochs
+    # (c) batch-mates: the pair bucketing still groups pairs of similar (max) length, so somewhat
+    # fewer distinct batch-mates than plain shuffling (measured ~206 against ~242), yet ten times
+    # those of length-sorted batches (~18)
+    assert 0.75 * plain[2] < paired[2] <= plain[2]
+    assert paired[2] > 8 * old[2]
+
+
+@pytest.mark.parametrize('n,batch', [(640, 16), (17, 16), (33, 16), (7, 4), (1, 16), (3, 2), (5000, 16)])
+def test_train_batches_each_document_once_partners_symmetric(n, batch):
+    lengths = _wos_lengths(n, seed=n)
+    rng = np.random.default_rng(n)
+    for paired in (True, False):
+        for _ in range(3):
+            batches = lhmix.train_batches(lengths, batch, rng, paired=paired)
+            ids = np.concatenate([idx for idx, _ in batches])
+            assert sorted(ids.tolist()) == list(range(n))   # each document exactly once per epoch
+            assert all(0 < len(idx) <= batch for idx, _ in batches)
+            if not paired:
+                assert all(p is None for _, p in batches)
+                continue
+            odd = 0
+            for idx, partner in batches:
+                p = partner.numpy()
+                assert len(p) == len(idx) and ((0 <= p) & (p < len(idx))).all()
+                if len(idx) == 1:
+                    assert p.tolist() == [0]   # a batch of one mixes with itself (lambda moot)
+                    odd += 1
+                    continue
+                assert (p != np.arange(len(idx))).all()   # never the document itself
+                sym = p[p] == np.arange(len(idx))
+                odd += int((~sym).sum())
+                # a pair sits side by side, as it was taken from the shuffle
+                assert (np.abs(p - np.arange(len(idx)))[sym] == 1).all()
+            assert odd == n % 2   # only the one document left over by an odd count is unpaired
+
+
+# -----------------------------------------------------------------------------
+# Issue 8: the compiled training step and evaluation give the eager numbers
+
+
+def _compile_case(device, mix):
+    """Two identical tiny models (dropout off, so that the two runs draw no random masks) with Adam,
+    and batches of one sequence length (one graph), with Mixup ratios and MLM positions."""
+    import copy
+    torch.manual_seed(0)
+    model, _ = tiny_model(lhmix.Hierarchy(PARENTS))
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    model.to(device)
+    twin = copy.deepcopy(model)
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(5, model.base_vocab, int(k)) for k in rng.integers(18, 23, 48)]  # T = 32: one shape
+    labels = [[0, 2], [1, 4], [0, 3], [1, 5]] * 12
+    return model, twin, docs, labels
+
+
+def _run_steps(model, docs, labels, device, mix, steps=3):
+    rng = np.random.default_rng(1)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    static, losses = lhmix.is_compiled(model), []
+    for idx, partner in lhmix.train_batches([len(d) for d in docs], 16, rng, paired=mix)[:steps]:
+        b = lhmix.make_batch(model, [docs[i] for i in idx], [labels[i] for i in idx], 8, rng, 0.15, static=static)
+        if mix:
+            b['partner'], b['lam'] = partner, torch.from_numpy(rng.uniform(0.5, 1, len(idx))).float()
+        with lhmix.autocast(device):
+            loss = model(**lhmix.to_device(b, device))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_make_batch_static_mlm_positions_same_loss(tiny):
+    model, _ = tiny
+    docs = [np.arange(5, 5 + k) for k in (9, 14, 30)]
+    a = lhmix.make_batch(model, docs, [[0], [1], [2]], 8, np.random.default_rng(3), 0.15)
+    b = lhmix.make_batch(model, docs, [[0], [1], [2]], 8, np.random.default_rng(3), 0.15, static=True)
+    n = len(a['mlm_pos'])
+    assert len(b['mlm_pos']) == lhmix.mlm_capacity(*a['input_ids'].shape, 0.15) > n
+    assert torch.equal(b['mlm_pos'][:n], a['mlm_pos']) and torch.equal(b['mlm_labels'][:n], a['mlm_labels'])
+    assert (b['mlm_labels'][n:] == -100).all() and torch.equal(a['input_ids'], b['input_ids'])
+    was = model.training
+    model.eval()  # no dropout: the two calls see the same network
+    with torch.no_grad():
+        la, lb = model(**a), model(**b)
+    model.train(was)
+    assert la.item() == pytest.approx(lb.item(), rel=1e-6)
+
+
+@pytest.mark.parametrize('mix', [True])
+def test_compiled_step_and_scores_match_eager_on_cpu(mix):
+    import time
+    device = torch.device('cpu')
+    model, twin, docs, labels = _compile_case(device, mix)
+    lhmix.compile_model(twin)
+    t0 = time.perf_counter()
+    try:
+        compiled = _run_steps(twin, docs, labels, device, mix)
+    except Exception as e:  # no C++ compiler for inductor on this machine: nothing to test here
+        if time.perf_counter() - t0 > 60 or 'compiler' in str(e).lower():
+            pytest.skip(f'torch.compile unavailable on this CPU: {type(e).__name__}: {str(e)[:200]}')
+        raise
+    if time.perf_counter() - t0 > 60:
+        pytest.skip(f'CPU compile took {time.perf_counter() - t0:.0f} s')
+    eager = _run_steps(model, docs, labels, device, mix)
+    assert compiled == pytest.approx(eager, rel=1e-4, abs=1e-5)
+    s_e, s_c = lhmix.score_documents(model, docs[:20], batch_size=16), lhmix.score_documents(twin, docs[:20], batch_size=16)
+    assert np.allclose(s_c, s_e, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
+@pytest.mark.parametrize('mix', [False, True])
+def test_compiled_step_matches_eager_on_gpu_bf16(mix):
+    device = torch.device('cuda')
+    model, twin, docs, labels = _compile_case(device, mix)
+    lhmix.compile_model(twin)
+    compiled = _run_steps(twin, docs, labels, device, mix)
+    eager = _run_steps(model, docs, labels, device, mix)
+    assert compiled == pytest.approx(eager, rel=2e-2, abs=2e-2)   # bf16 autocast: ~3 significant digits
+    s_e, s_c = lhmix.score_documents(model, docs, batch_size=16), lhmix.score_documents(twin, docs, batch_size=16)
+    assert np.allclose(s_c, s_e, rtol=5e-2, atol=5e-2)

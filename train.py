@@ -58,6 +58,8 @@ def parse(argv=None):
     p.add_argument('--resume', action='store_true', help='continue from OUT/last after a crash')
     p.add_argument('--overwrite', action='store_true', help='replace an earlier run in OUT')
     p.add_argument('--device', help='cpu, cuda or cuda:N (default: cuda when there is one)')
+    p.add_argument('--compile', choices=['auto', 'on', 'off'], default='auto',
+                   help='torch.compile the training step and the dev evaluation (auto: on for CUDA, off for CPU)')
     args = p.parse_args(argv)
     args.given = sorted(k for k in PAPER if getattr(args, k) is not None)  # for --resume's report
     for k, v in {**PAPER, **(DEMO if args.data == 'demo' else {})}.items():
@@ -77,7 +79,9 @@ def parse(argv=None):
             p.error(f"--{flag.replace('_', '-')} must be {what}, got {getattr(args, flag)}")
     if args.mix != 'none' and args.batch % 2:
         p.error(f'--batch must be even with Mixup (documents are mixed in pairs), got {args.batch}')
-    args.device = str(evaluate.parse_device(p, args.device))
+    device = evaluate.parse_device(p, args.device)
+    args.device = str(device)
+    args.compiled = args.compile == 'on' or (args.compile == 'auto' and device.type == 'cuda')
     args.out = args.out or os.path.join('out', f'{os.path.basename(args.data.rstrip("/"))}-{args.arch}-{args.mix}-s{args.seed}')
     problem = evaluate.output_problem(os.path.join(args.out, 'metrics.jsonl'))  # the folder is made later
     if problem:
@@ -138,6 +142,7 @@ def setup(args):
           + ', '.join(f'{k} {len(v)}' for k, v in tokens.items()) + f'; cut to --max-length {args.max_length}: '
           + ', '.join(f'{k} {cut[k]}' for k in tokens))
     model.to(device)
+    lhmix.compile_model(model, args.compiled)  # compiles lazily, at the first step of each shape
     opt = torch.optim.Adam(model.parameters(), lr=args.lr, fused=device.type == 'cuda')
     scaler = torch.amp.GradScaler(device.type, enabled=device.type == 'cuda' and not torch.cuda.is_bf16_supported())
     run = argparse.Namespace(args=args, device=device, hierarchy=hierarchy, model=model, tokenizer=tokenizer,
@@ -185,7 +190,7 @@ def train_epoch(run, epoch, bar):
     batches = lhmix.train_batches([len(t) for t in run.tokens['train']], args.batch, rng, paired=mixing)
     for idx, partner in batches:
         batch = lhmix.make_batch(model, [run.tokens['train'][i] for i in idx], [run.labels[i] for i in idx],
-                                 multiple, rng, mlm_rate)
+                                 multiple, rng, mlm_rate, static=lhmix.is_compiled(model))
         if mixing:  # partners and ratios ride with the batch to the GPU
             hier = run.table[run.rows[idx]] if args.mix == 'lhmix' else None  # cached local hierarchies
             batch['partner'] = partner
