@@ -8,6 +8,7 @@ import math
 import os
 import re
 import shutil
+import sys
 import tempfile
 import zipfile
 from collections import Counter
@@ -31,17 +32,22 @@ def clean_str(text):
     return re.sub(r'\s{2,}', ' ', s).strip().lower()
 
 
-def _read_lines(path):
-    """[(line number, line without its newline)] of a UTF-8 text file, split as open() splits it
-    (\\n, \\r\\n or \\r); a byte that is not UTF-8 is an error naming the file and the line."""
-    with open(path, 'rb') as f:
-        raw = f.read()
+def read_lines(path):
+    """[(line number, line without its newline)] of a UTF-8 text file (`-`: standard input), split as
+    open() splits it (\\n, \\r\\n or \\r); a BOM is dropped; a byte that is not UTF-8 is an error
+    naming the file, the line and the byte in it."""
+    if path == '-':
+        raw = sys.stdin.buffer.read()
+    else:
+        with open(path, 'rb') as f:
+            raw = f.read()
     raw = raw[3:] if raw.startswith(b'\xef\xbb\xbf') else raw  # a BOM from Excel/Notepad is not text
     try:
         text = raw.decode('utf-8')
     except UnicodeDecodeError as e:
         n = io.StringIO(raw[:e.start].decode('utf-8'), newline=None).read().count('\n') + 1
-        raise ValueError(f'{path}:{n}: not UTF-8 (byte {raw[e.start]:#04x}); save the file as UTF-8') from None
+        start = max(raw.rfind(b'\n', 0, e.start), raw.rfind(b'\r', 0, e.start)) + 1
+        raise ValueError(f'{path}:{n}: not UTF-8 text ({e.reason} at byte {e.start - start + 1} of the line)') from None
     return [(n, line.rstrip('\n')) for n, line in enumerate(io.StringIO(text, newline=None), 1)]
 
 
@@ -49,7 +55,7 @@ def read_taxonomy(path, names=None):
     """A Hierarchy from HiAGM's taxonomy format: one line per parent, `parent<TAB>child<TAB>child...`,
     the root is `Root`; `names` (label -> readable name) for the verbalizer."""
     parents, lines = {}, {}
-    for n, line in _read_lines(path):
+    for n, line in read_lines(path):
         cells = [c.strip() for c in line.split('\t') if c.strip()]
         if not cells:
             continue
@@ -118,7 +124,7 @@ def _wos_rows(folder):
     """(source, [(line, fields)]) of WOS-46985's Meta-data table from Data.txt, Data.xlsx or the zip."""
     txt, xlsx, archive = (os.path.join(folder, f) for f in ('Data.txt', 'Data.xlsx', 'WebOfScience.zip'))
     if os.path.exists(txt):
-        return txt, [(n, line.split('\t')) for n, line in _read_lines(txt) if line.strip()]
+        return txt, [(n, line.split('\t')) for n, line in read_lines(txt) if line.strip()]
     if os.path.exists(xlsx):
         with open(xlsx, 'rb') as f:
             return xlsx, list(enumerate(_xlsx_rows(f.read()), 1))
@@ -229,7 +235,7 @@ def load_hiagm(folder):
     names = {}
     names_file = os.path.join(folder, 'label_names.tsv')
     if os.path.exists(names_file):
-        for n, line in _read_lines(names_file):
+        for n, line in read_lines(names_file):
             if line.strip():
                 code, _, name = line.partition('\t')
                 if not name.strip():
@@ -243,7 +249,7 @@ def load_hiagm(folder):
     for split, suffixes in (('train', ('_train.json',)), ('dev', ('_dev.json', '_val.json')), ('test', ('_test.json',))):
         path = one(suffixes, '*' + ' or *'.join(suffixes))
         raw[split] = [_hiagm_doc(path, n, line, hierarchy, taxonomy, value_dict, value_dict_file)
-                      for n, line in _read_lines(path) if line.strip()]
+                      for n, line in read_lines(path) if line.strip()]
         if not raw[split]:
             raise ValueError(f'{path}: no documents (the {split} split may not be empty)')
     label_of = {}

@@ -85,18 +85,9 @@ def read_predictions(path, hierarchy, n):
     document of the split (blank lines skipped); any line not of that form is an error naming it."""
     pred = np.zeros((n, len(hierarchy)), dtype=bool)
     try:
-        with open(path, 'rb') as f:
-            raw = f.read().split(b'\n')
+        lines = [(number, line) for number, line in data.read_lines(path) if line.strip()]
     except OSError as e:
         raise ValueError(f'{path}: cannot be read ({e.strerror or e})') from None
-    lines = []
-    for number, line in enumerate(raw, 1):
-        try:
-            line = line.decode('utf-8')
-        except UnicodeDecodeError as e:
-            raise ValueError(f'{path}:{number}: not UTF-8 text ({e.reason} at byte {e.start + 1} of the line)') from None
-        if line.strip():
-            lines.append((number, line))
     if len(lines) != n:
         raise ValueError(f'{path}: {len(lines)} predictions for {n} documents')
     for i, (number, line) in enumerate(lines):
@@ -273,11 +264,11 @@ def _ranks(emb, v):
     return cos, rank
 
 
-def similar_labels(model, init_model, label, top=15):
+def similar_labels(model, init_model, label):
     """Every other label's cosine similarity to `label` (key or name) in the label embeddings of
     `init_model` (at initialisation) and `model` (trained), with its rank among all labels but
     `label` (1 = nearest). Returns dicts (label, rank_init, rank_trained, cos_init, cos_trained),
-    nearest after training first. `top` is kept for the printer's sake; all labels are returned."""
+    nearest after training first."""
     h = model.hierarchy
     if init_model.hierarchy.labels != h.labels:
         raise ValueError('the initial and trained models have different labels')
@@ -322,7 +313,7 @@ def similar_main(args):
     if len(tokenizer) != model.base_vocab or mlm.config.hidden_size != model.mlm.config.hidden_size:
         raise ValueError(f'{path}: not the model this checkpoint was trained from (vocabulary or width differs)')
     init_model = lhmix.build_model(mlm, tokenizer, model.hierarchy, model.arch, model.max_length)
-    rows = similar_labels(model, init_model, model.hierarchy.labels[v], args.top)
+    rows = similar_labels(model, init_model, model.hierarchy.labels[v])
     print_similar(rows, model.hierarchy, model.hierarchy.labels[v], args.top)
     return rows
 
@@ -331,23 +322,10 @@ def similar_main(args):
 # Predictions for raw texts, one a line
 
 
-def read_lines(path):
-    """The lines of a file (or stdin for '-'), without their line ends; every line kept, empty ones too."""
-    if path == '-':
-        text = sys.stdin.read()
-    else:
-        with open(path, encoding='utf-8') as f:
-            text = f.read()
-    lines = text.split('\n')
-    if lines and lines[-1] == '':
-        lines.pop()  # the final line end does not start another line
-    return [line.rstrip('\r') for line in lines]
-
-
 def texts_main(args, device):
     """--ckpt CKPT --texts FILE: one JSON line of lhmix.classify's output per input line."""
     model, tokenizer, _ = lhmix.load_checkpoint(args.ckpt, device)
-    lines = read_lines(args.texts)
+    lines = [line for _, line in data.read_lines(args.texts)]
     out = lhmix.classify(model, tokenizer, lines)
     for r in out:
         print(json.dumps(r))

@@ -460,10 +460,6 @@ def training_loss(model, input_ids, attention_mask, targets, partner=None, lam=N
     return loss
 
 
-def _label_scores(model, input_ids, attention_mask):
-    return model.per_label(model.score(model.slots(model.encode(input_ids, attention_mask)))).float()
-
-
 COMPILE_RECOMPILE_LIMIT = 256  # graphs per compiled function: see compile_model
 
 
@@ -485,7 +481,7 @@ def compile_model(model, enable=True):
         if hasattr(dc, name):
             setattr(dc, name, max(getattr(dc, name), 4 * COMPILE_RECOMPILE_LIMIT))
     model._compiled = {'loss_parts': torch.compile(loss_parts, dynamic=False),
-                       'label_scores': torch.compile(_label_scores, dynamic=False)}
+                       'label_scores': torch.compile(model.label_scores, dynamic=False)}
     return model
 
 
@@ -629,10 +625,7 @@ def score_documents(model, token_ids, batch_size=128, progress=None):
             docs += [docs[0][:0]] * (batch_size - len(docs))
         b = to_device(make_batch(model, docs, [[]] * len(docs), multiple), device)
         with autocast(device):
-            if compiled is None:
-                parts.append((idx, model.label_scores(b['input_ids'], b['attention_mask'])))
-            else:
-                parts.append((idx, compiled(model, b['input_ids'], b['attention_mask'])[:len(idx)]))
+            parts.append((idx, (compiled or model.label_scores)(b['input_ids'], b['attention_mask'])[:len(idx)]))
         if progress:
             progress(len(idx))
     for idx, s in parts:  # copy back at the end: no host sync between batches

@@ -1195,8 +1195,8 @@ def test_similar_labels_ranks_and_changes(capsys):
     # target: label 5 (optics); cosines to it at init and after training, chosen by hand
     _set_label_rows(init, {0: 0.9, 1: 0.1, 2: 0.5, 3: -0.3, 4: 0.7}, 5)
     _set_label_rows(trained, {0: 0.2, 1: 0.95, 2: 0.85, 3: 0.8, 4: -0.5}, 5)
-    rows = evaluate.similar_labels(trained, init, 'optics', 2)  # by name; key works too
-    assert rows == evaluate.similar_labels(trained, init, 'Sci/quantum_physics/optics', 2)
+    rows = evaluate.similar_labels(trained, init, 'optics')  # by name; key works too
+    assert rows == evaluate.similar_labels(trained, init, 'Sci/quantum_physics/optics')
     got = {r['label']: (r['rank_init'], r['rank_trained']) for r in rows}
     L = h.labels
     assert got == {L[0]: (1, 4), L[4]: (2, 5), L[2]: (3, 2), L[1]: (4, 1), L[3]: (5, 3)}
@@ -1211,7 +1211,7 @@ def test_similar_labels_ranks_and_changes(capsys):
                                                          ('5', '2', '-3', L[4])]
     assert out[-1] == '1 of the top 3 after training were in the top 3 at initialisation'
     with pytest.raises(ValueError, match="label 'Hockey' is not in the checkpoint's hierarchy"):
-        evaluate.similar_labels(trained, init, 'Hockey', 3)
+        evaluate.similar_labels(trained, init, 'Hockey')
 
 
 def test_similar_cli_rebuilds_initial_embeddings(tmp_path, capsys):
