@@ -3,9 +3,12 @@
     python bench.py                      # bert-base sizes (random weights), WOS-like lengths, GPU
     python bench.py --size tiny --lengths short --steps 3    # a CPU smoke test
 
-Measures, on the same batches (same lengths, bucketed as train.py buckets them):
-  1. the floor: the encoder's forward + backward + Adam step in the same precision, nothing else;
-  2. a Prompt training step (--mix none); 3. an LH-Mix training step (cached similarity, Mixup);
+Measures, on the same batches (same lengths, bucketed as train.py buckets them), each eager and
+replayed from CUDA graphs (train.py's default on CUDA):
+  1. the floor: the encoder's forward + backward + Adam step in the same precision, nothing else
+     (also through torch.compile, for reference); its GPU-kernel time is the limit;
+  2. a Prompt training step (--mix none); 3. an LH-Mix training step (cached similarity, Mixup),
+     both through train.py's own step (train.make_step);
   4. evaluation throughput (documents/s); 5. the fused ZMLCE autograd Function against the plain
      formula (1e12-masked concatenate-and-logsumexp): forward + backward time and peak memory.
 Speed does not depend on the weights, so models are built from a config with random weights.
@@ -49,7 +52,8 @@ def documents(n, lengths, vocab, max_text, rng):
 
 def compare(fns, batches, device, rounds):
     """{name: (median ms per call, peak GiB)}: each fn is warmed up over every batch (each shape seen
-    once), then the fns are timed in turn, `rounds` times, so that drifts hit them all alike."""
+    once: graphs are captured then), then the fns are timed in turn, `rounds` times, so that drifts
+    hit them all alike."""
     def sync():
         if device.type == 'cuda':
             torch.cuda.synchronize()
@@ -79,19 +83,39 @@ def _pad_len(model, n, multiple):
     return -(-(len(model.prefix) + n + 1) // multiple) * multiple
 
 
-def lhmix_step(model, opt, device, mix='lhmix'):
+def trainer(model, graphs):
+    """train.py's step for `model` (its own Adam): eager, or replayed from CUDA graphs."""
+    import train
+    device = next(model.parameters()).device
+    opt = torch.optim.Adam(model.parameters(), lr=1e-5, fused=device.type == 'cuda', capturable=graphs)
+    return train.make_step(model, opt, torch.amp.GradScaler(device.type, enabled=False), 'depth', graphs)
+
+
+def lhmix_step(step, device, mix='lhmix'):
     """One training step as train.py's train_epoch runs it (ratios on the CPU, copied with the batch)."""
     def run(item):
         b, (h, partner) = item
         if mix != 'none':
             b = dict(b, partner=partner)
             b['lam'] = lhmix.pair_ratios(mix, partner, h)
-        b = lhmix.to_device(b, device)
-        with lhmix.autocast(device):
-            loss = model(**b)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        step(**lhmix.to_device(b, device))
+    return run
+
+
+class Floor(torch.nn.Module):
+    """The encoder alone, with a loss that reads all of its output: no training step costs less."""
+
+    def __init__(self, encoder):
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, input_ids, attention_mask, rows=None):
+        return self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state.float().square().mean()
+
+
+def floor_step(step, device):
+    def run(item):
+        step(**lhmix.to_device({k: item[0][k] for k in ('input_ids', 'attention_mask')}, device))
     return run
 
 
@@ -107,7 +131,7 @@ def padding(batches):
     return 100 * (sum(b['input_ids'].numel() for b, _ in batches) / real - 1)
 
 
-def pairing_cost(args, model, opt, device, rng):
+def pairing_cost(args, model, step, device, rng):
     """The LH-Mix step on paired batches (train.py's) against unpaired length-bucketed batches
     (partners a random permutation inside each batch), same documents, all length buckets."""
     docs = documents(args.batch * args.steps, args.lengths, SIZES[args.size]['vocab_size'], model.text_budget(512), rng)
@@ -122,13 +146,15 @@ def pairing_cost(args, model, opt, device, rng):
     out = {}
     for name, order in (('paired', paired), ('unpaired', unpaired)):
         batches = build_batches(model, docs, labels, order, table, rows, multiple, 3, False)
-        out[name] = (padding(batches), compare({name: lhmix_step(model, opt, device)}, batches, device, args.rounds)[name][0])
+        out[name] = (padding(batches), compare({name: lhmix_step(step, device)}, batches, device, args.rounds)[name][0])
     return out
 
 
-def train_steps(args, device, rng, compiled):
-    """ms per step and peak GiB of the floor, Prompt and LH-Mix steps, eager and (when `compiled`)
-    compiled, on identical batches of one sequence length (the commonest bucket: one graph each)."""
+def train_steps(args, device, rng, graphs, compiled):
+    """ms per step of the floor, Prompt and LH-Mix steps, eager and (when `graphs`) replayed from CUDA
+    graphs, and (when `compiled`) the floor through torch.compile, on identical batches of one
+    sequence length (the commonest bucket: one graph each). Each way has its own model copy (same
+    weights): graphed steps keep their gradients allocated, which an eager step would free."""
     model = make_model(args.size, 'prompt', device)
     multiple = lhmix.pad_multiple(device)
     max_text = model.text_budget(512)
@@ -142,52 +168,33 @@ def train_steps(args, device, rng, compiled):
     order = [o for o, t in zip(order, T) if t == common and len(o[0]) == args.batch][:args.steps]
     eager_b = build_batches(model, docs, labels, order, table, rows, multiple, 3, False)
     static_b = build_batches(model, docs, labels, order, table, rows, multiple, 3, True)
-    fused = device.type == 'cuda'
-    encoder = model.mlm.base_model
-    floor_opt = torch.optim.Adam(encoder.parameters(), lr=1e-5, fused=fused)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-5, fused=fused)
-
-    def floor_loss(ids, mask):
-        return encoder(input_ids=ids, attention_mask=mask).last_hidden_state.float().square().mean()
-    floor_compiled = torch.compile(floor_loss, dynamic=False) if compiled else None
-
-    def floor(loss_fn):
-        def run(item):
-            b = lhmix.to_device({k: item[0][k] for k in ('input_ids', 'attention_mask')}, device)
-            with lhmix.autocast(device):
-                loss = loss_fn(b['input_ids'], b['attention_mask'])
-            loss.backward()
-            floor_opt.step()
-            floor_opt.zero_grad(set_to_none=True)
-        return run
-
-    lhmix.compile_model(model, compiled)
-    parts = model._compiled
-
-    def mode(fn, on):  # the same model, run eager or through its compiled parts
-        def run(item):
-            model._compiled = parts if on else {}
-            fn(item)
-        return run
-    fns = {'floor': floor(floor_loss), 'prompt': mode(lhmix_step(model, opt, device, 'none'), False),
-           'lhmix': mode(lhmix_step(model, opt, device), False)}
+    step = trainer(model, False)
+    fns = {'floor': floor_step(trainer(Floor(model.mlm.base_model), False), device),
+           'prompt': lhmix_step(step, device, 'none'), 'lhmix': lhmix_step(step, device)}
     out = compare(fns, eager_b, device, args.rounds)
-    compile_s = {}
-    if compiled:
-        cfns = {'floor': floor(floor_compiled), 'prompt': mode(lhmix_step(model, opt, device, 'none'), True),
-                'lhmix': mode(lhmix_step(model, opt, device), True)}
-        for k, fn in cfns.items():  # the first call of each compiles its one graph
-            t0 = time.perf_counter()
-            fn(static_b[0])
-            if device.type == 'cuda':
-                torch.cuda.synchronize()
-            compile_s[k] = time.perf_counter() - t0
-        out.update({k + '_compiled': v for k, v in compare(cfns, static_b, device, args.rounds).items()})
-    model._compiled = {}
+    setup_s = {}
+
+    def first_call(name, fn):  # the first call captures or compiles its one graph
+        t0 = time.perf_counter()
+        fn(static_b[0])
+        if device.type == 'cuda':
+            torch.cuda.synchronize()
+        setup_s[name] = time.perf_counter() - t0
+    if graphs:
+        step_g = trainer(make_model(args.size, 'prompt', device), True)
+        gfns = {'floor_graphed': floor_step(trainer(Floor(make_model(args.size, 'prompt', device).mlm.base_model), True),
+                                            device),
+                'prompt_graphed': lhmix_step(step_g, device, 'none'), 'lhmix_graphed': lhmix_step(step_g, device)}
+        if compiled:
+            gfns['floor_compiled'] = floor_step(trainer(torch.compile(Floor(model.mlm.base_model), dynamic=False),
+                                                        False), device)
+        for k, fn in gfns.items():
+            first_call(k, fn)
+        out.update(compare(gfns, static_b, device, args.rounds))
     limit = None
     if device.type == 'cuda':
         limit = profile({'floor': fns['floor']}, eager_b[:10], device)['floor'][1]
-    return out, compile_s, limit, common, len(order), model, opt, fns, eager_b
+    return out, setup_s, limit, common, len(order), model, step, fns, eager_b
 
 
 def profile(fns, batches, device):
@@ -211,30 +218,27 @@ def profile(fns, batches, device):
     return out
 
 
-def eval_throughput(model, args, device, rng, compiled, common):
-    """documents/s of lhmix.score_documents: eager over WOS-like lengths (every bucket), and eager
-    against compiled over documents of the commonest bucket only (one graph)."""
-    def speed(docs):
+def eval_throughput(model, args, device, rng, graphs):
+    """documents/s of lhmix.score_documents over WOS-like lengths (every bucket), eager and replayed
+    from CUDA graphs, each after a first pass (which captures the graphs: its time is reported)."""
+    def speed(scorer):
         t0 = time.perf_counter()
-        lhmix.score_documents(model, docs)  # warm-up: every bucket once (and the compile)
+        lhmix.score_documents(model, docs, graphs=scorer)
         if device.type == 'cuda':
             torch.cuda.synchronize()
         first = time.perf_counter() - t0
         t0 = time.perf_counter()
-        lhmix.score_documents(model, docs)
+        lhmix.score_documents(model, docs, graphs=scorer)
+        if device.type == 'cuda':
+            torch.cuda.synchronize()
         return len(docs) / (time.perf_counter() - t0), first
-    multiple = lhmix.pad_multiple(device)
     docs = documents(args.eval_docs, args.lengths, SIZES[args.size]['vocab_size'], model.text_budget(512), rng)
-    lhmix.compile_model(model, False)
-    out = {'all': speed(docs)}
-    band = documents(args.eval_docs * 4, args.lengths, SIZES[args.size]['vocab_size'], model.text_budget(512), rng)
-    band = [d for d in band if _pad_len(model, len(d), multiple) == common][:args.eval_docs]
-    out['band'] = speed(band)
-    if compiled:
-        lhmix.compile_model(model, True)
-        out['band_compiled'] = speed(band)
-        lhmix.compile_model(model, False)
-    return out, len(band)
+    out = {'eager': speed(None)}
+    if graphs:
+        scorer = lhmix.CUDAGraphs(model.label_scores)
+        out['graphed'] = speed(scorer)
+        out['graphs'] = len(scorer.graphs)
+    return out
 
 
 class _Bar:
@@ -242,9 +246,10 @@ class _Bar:
         pass
 
 
-def epoch_run(args, device, compiled):
-    """One training epoch (LH-Mix, MLM on) and the dev evaluation at WOS's size, through train.py's
-    own train_epoch (lhmix.train_batches, make_batch, the step, lhmix.score_documents)."""
+def epoch_run(args, device, graphs):
+    """Training epochs (LH-Mix, MLM on) each with its dev evaluation at WOS's size, through train.py's
+    own train_epoch (lhmix.train_batches, make_batch, train.make_step, lhmix.score_documents). With
+    `graphs`, two epochs: the first captures the graphs, the second replays them (and any new shape)."""
     import argparse as ap
     import train
     rng = np.random.default_rng(5)
@@ -255,26 +260,21 @@ def epoch_run(args, device, compiled):
               'dev': documents(n_dev, args.lengths, vocab, max_text, rng)}
     labels = [[int(rng.integers(7)), 7 + int(rng.integers(134))] for _ in tokens['train']]
     dev_gold = [[int(rng.integers(7)), 7 + int(rng.integers(134))] for _ in tokens['dev']]
-    lhmix.compile_model(model, compiled)
     targs = ap.Namespace(**{**train.PAPER, 'warmup_epochs': 0, 'no_mlm': False})
+    opt = torch.optim.Adam(model.parameters(), lr=targs.lr, fused=device.type == 'cuda', capturable=graphs)
+    step = train.make_step(model, opt, torch.amp.GradScaler(device.type, enabled=False), targs.zmlce_rows, graphs)
     run = ap.Namespace(args=targs, device=device, hierarchy=model.hierarchy, model=model, tokens=tokens,
                        labels=labels, dev_gold=dev_gold, table=torch.randn(64, model.mlm.config.hidden_size),
-                       rows=torch.from_numpy(rng.integers(0, 64, n_train)),
-                       opt=torch.optim.Adam(model.parameters(), lr=targs.lr, fused=device.type == 'cuda'),
-                       scaler=torch.amp.GradScaler(device.type, enabled=False))
-    times = []
-    for epoch in range(2 if compiled else 1):  # compiled: the first epoch compiles, the second does not
+                       rows=torch.from_numpy(rng.integers(0, 64, n_train)), graphs=graphs, step=step,
+                       score_graphs=lhmix.CUDAGraphs(model.label_scores) if graphs else None)
+    times, counts = [], []
+    for epoch in range(2 if graphs else 1):
         t0 = time.perf_counter()
         line = train.train_epoch(run, epoch, _Bar())
         total = time.perf_counter() - t0
         times.append((total, line['seconds'], total - line['seconds']))
-    graphs = None
-    try:
-        from torch._dynamo.utils import counters
-        graphs = counters['stats'].get('unique_graphs')
-    except Exception:
-        pass
-    return n_train, n_dev, times, graphs
+        counts.append((len(step.graphs), len(run.score_graphs.graphs)) if graphs else None)
+    return n_train, n_dev, times, counts
 
 
 def plain_zmlce(scores, targets):
@@ -317,10 +317,12 @@ def main():
     p.add_argument('--profile', action='store_true', help='also profile 10 steps of each (CPU and GPU time)')
     p.add_argument('--eval-docs', type=int, default=4096)
     p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    p.add_argument('--graphs', choices=['auto', 'on', 'off'], default='auto',
+                   help='also time the steps and evaluation replayed from CUDA graphs (auto: when the device can)')
     p.add_argument('--compile', choices=['auto', 'on', 'off'], default='auto',
-                   help='also time the compiled steps and evaluation (auto: on for CUDA, off for CPU)')
+                   help="also time the floor through torch.compile, for reference (auto: on for CUDA)")
     p.add_argument('--epoch', action='store_true',
-                   help="instead: one training epoch + dev evaluation at WOS's size through train.py, eager and compiled")
+                   help="instead: training epochs + dev evaluation at WOS's size through train.py, eager and graphed")
     p.add_argument('--epoch-scale', type=float, default=1.0, help='--epoch with this share of the documents')
     args = p.parse_args()
     device = torch.device(args.device)
@@ -330,54 +332,59 @@ def main():
     import transformers
     print(f'device: {name}; torch {torch.__version__}, transformers {transformers.__version__}; '
           f'size {args.size}, lengths {args.lengths}, batch {args.batch}, {args.steps} steps x {args.rounds} rounds')
-    compiled = args.compile == 'on' or (args.compile == 'auto' and device.type == 'cuda')
+    why_not = lhmix.cuda_graphs_unavailable(device)
+    graphs = args.graphs == 'on' or (args.graphs == 'auto' and why_not is None)
+    compiled = graphs and (args.compile == 'on' or (args.compile == 'auto' and device.type == 'cuda'))
+    if not graphs:
+        print(f'CUDA graphs: not run ({why_not or "--graphs off"})')
     if args.epoch:
-        for c in ([False, True] if compiled else [False]):
-            n_train, n_dev, times, graphs = epoch_run(args, device, c)
+        for g in ([False, True] if graphs else [False]):
+            n_train, n_dev, times, counts = epoch_run(args, device, g)
             for e, (total, tr, ev) in enumerate(times):
-                print(f"epoch {'compiled' if c else 'eager   '} #{e}: {n_train} train + {n_dev} dev documents: "
+                print(f"epoch {'graphed' if g else 'eager  '} #{e}: {n_train} train + {n_dev} dev documents: "
                       f"{total:.1f} s ({tr:.1f} s training, {tr / -(-n_train // args.batch) * 1000:.2f} ms/step; "
-                      f"{ev:.1f} s dev evaluation)" + (' (compiles)' if c and e == 0 else ''))
-            if c:
-                print(f'compile time (epoch #0 - epoch #1): {times[0][0] - times[1][0]:.1f} s; '
-                      f'graphs compiled in this process: {graphs}')
+                      f"{ev:.1f} s dev evaluation)"
+                      + (f'; graphs so far: {counts[e][0]} training, {counts[e][1]} evaluation' if g else ''))
+            if g:
+                print(f'capture time (epoch #0 - epoch #1): {times[0][0] - times[1][0]:.1f} s = '
+                      f'{100 * (times[0][0] - times[1][0]) / times[1][0]:.1f}% of a graphed epoch')
         return
     rng = np.random.default_rng(0)
-    steps, compile_s, limit, common, n, model, opt, fns, batches = train_steps(args, device, rng, compiled)
+    steps, setup_s, limit, common, n, model, step, fns, batches = train_steps(args, device, rng, graphs, compiled)
     pad = padding(batches)
     print(f'timed batches: {n} of {args.batch} documents, all of sequence length {common} (the commonest bucket; '
-          f'one compiled graph each), {pad:.1f}% padding')
+          f'one graph each), {pad:.1f}% padding')
     if limit is None:
         limit, what = steps['floor'][0], 'the eager floor (no GPU: no kernel-time limit)'
     else:
         what = "the eager floor's GPU-kernel time (profiled)"
     print(f'limit: {limit:.2f} ms/step = {what}')
-    print(f"{'training step':<34} {'ms/step':>9} {'x limit':>8} {'peak GiB':>9}  (peak: weights, both Adam states, activations)")
+    print(f"{'training step':<40} {'ms/step':>9} {'x limit':>8}")
     labels = {'floor': 'floor (encoder fwd+bwd+Adam)', 'prompt': 'Prompt step (--mix none)', 'lhmix': 'LH-Mix step'}
+    ways = {'': 'eager', '_graphed': 'CUDA graphs', '_compiled': 'torch.compile'}
     for k in ('floor', 'prompt', 'lhmix'):
-        for name in (k, k + '_compiled'):
-            if name in steps:
-                ms, peak = steps[name]
-                label = labels[k] + (' compiled' if name != k else ' eager')
-                print(f'{label:<34} {ms:9.2f} {ms / limit:8.3f} {peak:9.2f}')
-    if not compiled:
-        print('compiled steps: not run (--compile off, or auto on a CPU)')
-    if compile_s:
-        print('compile time of the first call (one graph): ' + ', '.join(f'{k} {v:.1f} s' for k, v in compile_s.items()))
-    print(f"LH-Mix / Prompt (eager): {steps['lhmix'][0] / steps['prompt'][0]:.3f}")
+        for suffix, way in ways.items():
+            if k + suffix in steps:
+                ms = steps[k + suffix][0]
+                print(f'{labels[k] + ", " + way:<40} {ms:9.2f} {ms / limit:8.3f}')
+    if setup_s:
+        print('first call (capture or compile of one graph): ' + ', '.join(f'{k} {v:.2f} s' for k, v in setup_s.items()))
+    for suffix, way in list(ways.items())[:2]:
+        if 'lhmix' + suffix in steps:
+            print(f"LH-Mix / Prompt ({way}): {steps['lhmix' + suffix][0] / steps['prompt' + suffix][0]:.3f}")
     if args.profile:
         profile(fns, batches[:10], device)
     del fns, batches
-    cost = pairing_cost(args, model, opt, device, rng)
+    way = 'CUDA graphs' if graphs else 'eager'
+    cost = pairing_cost(args, model, trainer(model, graphs) if graphs else step, device, rng)
     for k, (pct, ms) in cost.items():
-        print(f'LH-Mix step eager, {k + " batches":<18} (all buckets, {args.steps} steps): {pct:5.1f}% padding, '
+        print(f'LH-Mix step, {way}, {k + " batches":<18} (all buckets, {args.steps} steps): {pct:5.1f}% padding, '
               f'{ms:8.2f} ms/step')
-    ev, n_band = eval_throughput(model, args, device, rng, compiled, common)
-    print(f"evaluation eager, WOS-like lengths: {ev['all'][0]:.0f} documents/s")
-    print(f"evaluation eager, {n_band} documents of length bucket {common}: {ev['band'][0]:.0f} documents/s")
-    if 'band_compiled' in ev:
-        print(f"evaluation compiled, same documents: {ev['band_compiled'][0]:.0f} documents/s "
-              f"(first pass, compile included: {ev['band_compiled'][1]:.1f} s)")
+    ev = eval_throughput(model, args, device, rng, graphs)
+    print(f"evaluation eager, {args.eval_docs} documents of {args.lengths}-like lengths: {ev['eager'][0]:.0f} documents/s")
+    if 'graphed' in ev:
+        print(f"evaluation CUDA graphs, same documents: {ev['graphed'][0]:.0f} documents/s "
+              f"(first pass, {ev['graphs']} graphs captured: {ev['graphed'][1]:.1f} s)")
     del model
     shapes = [(16 * 2, 141), (16 * 8, 166), (4096, 4096)] if device.type == 'cuda' else [(16 * 2, 141), (16 * 8, 166)]
     print(f"{'ZMLCE fwd+bwd (rows, labels)':<30} {'fused ms':>9} {'plain ms':>9} {'speedup':>8} "

@@ -423,11 +423,13 @@ def mixed_zmlce(scores, targets_i, targets_j, lam, valid=None):
     return lam * loss_i + (1 - lam) * loss_j
 
 
-def loss_parts(model, input_ids, attention_mask, partner=None, lam=None, mlm_pos=None, mlm_labels=None,
-               rows='depth'):
-    """The loss up to ZMLCE: (scores p or p~, their valid mask or None, the MLM term or None).
-    This is the part `compile_model` compiles; the ZMLCE autograd Function (a Triton kernel on
-    CUDA) stays outside the graph."""
+def training_loss(model, input_ids, attention_mask, targets, partner=None, lam=None, mlm_pos=None,
+                  mlm_labels=None, rows='depth'):
+    """The loss of one batch: ZMLCE of each document (Eq. 2), or with `partner`/`lam` the Mixup of
+    each document's slot hidden states with its partner's (Eqs. 5-7); the per-document loss sums
+    the depths, the batch takes the mean; plus HPT's MLM term where positions are masked.
+    rows='depth' is the paper's Eq. 2, one row per depth over V^d; rows='document' is the authors'
+    code, one row per document over all its labels."""
     hidden = model.encode(input_ids, attention_mask)
     h = model.slots(hidden)
     if partner is not None:
@@ -436,61 +438,19 @@ def loss_parts(model, input_ids, attention_mask, partner=None, lam=None, mlm_pos
     v = model.valid
     if rows != 'depth':
         p, v = model.per_label(p)[:, None], None
-    mlm = model.mlm_loss(hidden, mlm_pos, mlm_labels) if mlm_pos is not None else None
-    return p, v, mlm
-
-
-def training_loss(model, input_ids, attention_mask, targets, partner=None, lam=None, mlm_pos=None,
-                  mlm_labels=None, rows='depth'):
-    """The loss of one batch: ZMLCE of each document (Eq. 2), or with `partner`/`lam` the Mixup of
-    each document's slot hidden states with its partner's (Eqs. 5-7); the per-document loss sums
-    the depths, the batch takes the mean; plus HPT's MLM term where positions are masked.
-    rows='depth' is the paper's Eq. 2, one row per depth over V^d; rows='document' is the authors'
-    code, one row per document over all its labels. Runs `loss_parts` compiled after `compile_model`."""
-    parts = getattr(model, '_compiled', {}).get('loss_parts', loss_parts)
-    p, v, mlm = parts(model, input_ids, attention_mask, partner, lam, mlm_pos, mlm_labels, rows)
     t = targets[:, None, :]
     if partner is None:
         loss = zmlce(p, t, v)
     else:
         loss = mixed_zmlce(p, t, t[partner], lam, v)                # Eq. 7
     loss = loss.sum(-1).mean()
-    if mlm is not None:
-        loss = loss + mlm
+    if mlm_pos is not None:
+        loss = loss + model.mlm_loss(hidden, mlm_pos, mlm_labels)
     return loss
 
 
-COMPILE_RECOMPILE_LIMIT = 256  # graphs per compiled function: see compile_model
-
-
-def compile_model(model, enable=True):
-    """Compiles (torch.compile, inductor, static shapes) `loss_parts` for training and the label
-    scores for `score_documents`; enable=False goes back to eager. Shapes stay few: sequences are
-    padded to a multiple of 32 (16 lengths up to 512), masked-LM positions to a fixed count per batch
-    shape (`mlm_capacity`), and evaluation batches to a full batch. A training run compiles one graph
-    per (sequence length, batch size, with/without Mixup): at most 16 x 2 x 2 = 64 for WOS (batch 16
-    and the epoch's one smaller last batch; warm-up epochs without Mixup), and 16 for evaluation."""
-    model._compiled = {}
-    if not enable:
-        return model
-    import torch._dynamo.config as dc
-    for name in ('recompile_limit', 'cache_size_limit'):  # the name changed across torch versions
-        if hasattr(dc, name):
-            setattr(dc, name, max(getattr(dc, name), COMPILE_RECOMPILE_LIMIT))
-    for name in ('accumulated_recompile_limit', 'accumulated_cache_size_limit'):
-        if hasattr(dc, name):
-            setattr(dc, name, max(getattr(dc, name), 4 * COMPILE_RECOMPILE_LIMIT))
-    model._compiled = {'loss_parts': torch.compile(loss_parts, dynamic=False),
-                       'label_scores': torch.compile(model.label_scores, dynamic=False)}
-    return model
-
-
-def is_compiled(model):
-    return bool(getattr(model, '_compiled', None))
-
-
 def mlm_capacity(batch_size, seq_len, rate):
-    """A fixed count of masked-LM positions per batch shape (B, T), for static shapes under compile:
+    """A fixed count of masked-LM positions per batch shape (B, T), for CUDA graphs (static shapes):
     the mean count at `rate` over all B*T positions plus 8 standard deviations, rounded up to 64 (a
     batch masks more with probability < 1e-15; `make_batch` then takes a multiple of it)."""
     n = batch_size * seq_len
@@ -524,7 +484,7 @@ def pad(seqs, pad_id, multiple):
 def make_batch(model, token_ids, labels, multiple, rng=None, mlm_rate=0.0, static=False):
     """Inputs `prefix text [SEP]` from each text's word-piece ids, bool targets (B, V), and, with
     mlm_rate > 0, BERT-style masking of text word-pieces (80% [MASK], 10% another word-piece of the
-    batch, 10% kept), chosen here on the CPU so the step never syncs. static=True (compiled steps)
+    batch, 10% kept), chosen here on the CPU so the step never syncs. static=True (CUDA graphs)
     pads the masked positions to `mlm_capacity` with label -100 (ignored by the loss: same value)."""
     prefix, sep = model.prefix, model.special['sep']
     seqs = [np.concatenate([prefix, t, [sep]]) for t in token_ids]
@@ -601,31 +561,77 @@ def pad_multiple(device):
 
 
 def autocast(device):
-    """bf16 autocast on GPUs that have it, fp16 otherwise (V100); fp32 on CPU."""
+    """bf16 autocast on GPUs that have it, fp16 otherwise (V100); fp32 on CPU. No cast cache: CUDA
+    graphs forbid it, and each weight is cast once per step anyway."""
     if device.type != 'cuda':
         return torch.autocast('cpu', enabled=False)
-    return torch.autocast('cuda', dtype=torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
+    dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.autocast('cuda', dtype=dtype, cache_enabled=False)
+
+
+def cuda_graphs_unavailable(device):
+    """Why CUDA graphs cannot run the steps on `device`, or None when they can."""
+    import transformers
+    if device.type != 'cuda':
+        return 'not a CUDA device'
+    if not torch.cuda.is_bf16_supported():
+        return 'no bf16 on this GPU (fp16 needs a loss scaler that syncs)'
+    if int(transformers.__version__.split('.')[0]) < 5:  # 4.x tests the attention mask for padding on the host
+        return f'transformers {transformers.__version__} syncs inside the encoder (5.x does not)'
+    return None
+
+
+class CUDAGraphs:
+    """fn(**tensors) replayed from a CUDA graph: one captured per distinct set of input shapes and
+    kept, so that a call costs one copy of the inputs and one replay, the GPU's own kernel time,
+    instead of Python's and the kernel launches'. All graphs share one memory pool (they never run
+    at once). Before each capture, warmup(**tensors) (default: fn) runs once on a side stream, as
+    capture requires (first calls allocate workspaces and compile kernels). The returned tensors
+    are overwritten by the next replay of the same graph."""
+
+    def __init__(self, fn, warmup=None):
+        self.fn, self.warmup, self.graphs, self.pool = fn, warmup or fn, {}, torch.cuda.graph_pool_handle()
+
+    def __call__(self, **inputs):
+        key = tuple((k, tuple(v.shape), v.dtype) for k, v in inputs.items())
+        if key not in self.graphs:
+            static = {k: v.clone() for k, v in inputs.items()}
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.warmup(**static)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                out = self.fn(**static)
+            self.graphs[key] = graph, static, out
+        graph, static, out = self.graphs[key]
+        for k, v in inputs.items():
+            static[k].copy_(v, non_blocking=True)
+        graph.replay()
+        return out
 
 
 @torch.no_grad()
-def score_documents(model, token_ids, batch_size=128, progress=None):
+def score_documents(model, token_ids, batch_size=128, progress=None, graphs=None):
     """(N, V) float32 label scores of tokenised documents (a label is predicted where > 0), batched
-    by length and returned in input order. `progress(n)` is called with each batch's size."""
+    by length and returned in input order. `progress(n)` is called with each batch's size. With
+    `graphs`, a CUDAGraphs of model.label_scores kept by the caller, batches are replayed from it."""
     device = next(model.parameters()).device
     multiple = pad_multiple(device)
     model.eval()
     order = np.argsort([len(t) for t in token_ids], kind='stable')
     out = torch.zeros(len(token_ids), len(model.hierarchy))
     parts = []
-    compiled = getattr(model, '_compiled', {}).get('label_scores')
     for i in range(0, len(order), batch_size):
         idx = order[i:i + batch_size]
         docs = [token_ids[j] for j in idx]
-        if compiled is not None:  # a full batch (empty texts added, their rows dropped): one shape per length
+        if graphs is not None:  # a full batch (empty texts added, their rows dropped): one graph per length
             docs += [docs[0][:0]] * (batch_size - len(docs))
         b = to_device(make_batch(model, docs, [[]] * len(docs), multiple), device)
         with autocast(device):
-            parts.append((idx, (compiled or model.label_scores)(b['input_ids'], b['attention_mask'])[:len(idx)]))
+            scores = (graphs or model.label_scores)(input_ids=b['input_ids'], attention_mask=b['attention_mask'])
+        parts.append((idx, scores[:len(idx)].clone()))
         if progress:
             progress(len(idx))
     for idx, s in parts:  # copy back at the end: no host sync between batches

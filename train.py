@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -58,9 +59,9 @@ def parse(argv=None):
     p.add_argument('--resume', action='store_true', help='continue from OUT/last after a crash')
     p.add_argument('--overwrite', action='store_true', help='replace an earlier run in OUT')
     p.add_argument('--device', help='cpu, cuda or cuda:N (default: cuda when there is one)')
-    p.add_argument('--compile', action='store_true',
-                   help='torch.compile the training step and the dev evaluation (about 25 s per batch shape at '
-                        'bert-base sizes on an H100, so it pays only on long runs)')
+    p.add_argument('--no-cuda-graphs', action='store_true',
+                   help='run the training steps and dev evaluation eagerly on CUDA instead of replaying them '
+                        'from CUDA graphs (one captured per batch shape)')
     args = p.parse_args(argv)
     args.given = sorted(k for k in PAPER if getattr(args, k) is not None)  # for --resume's report
     for k, v in {**PAPER, **(DEMO if args.data == 'demo' else {})}.items():
@@ -141,11 +142,14 @@ def setup(args):
           + ', '.join(f'{k} {len(v)}' for k, v in tokens.items()) + f'; cut to --max-length {args.max_length}: '
           + ', '.join(f'{k} {cut[k]}' for k in tokens))
     model.to(device)
-    lhmix.compile_model(model, args.compile)  # compiles lazily, at the first step of each shape
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr, fused=device.type == 'cuda')
+    graphs = device.type == 'cuda' and not args.no_cuda_graphs
+    if graphs and lhmix.cuda_graphs_unavailable(device):
+        print(f'CUDA graphs off: {lhmix.cuda_graphs_unavailable(device)}')
+        graphs = False
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr, fused=device.type == 'cuda', capturable=graphs)
     scaler = torch.amp.GradScaler(device.type, enabled=device.type == 'cuda' and not torch.cuda.is_bf16_supported())
     run = argparse.Namespace(args=args, device=device, hierarchy=hierarchy, model=model, tokenizer=tokenizer,
-                             opt=opt, scaler=scaler, tokens=tokens, labels=[ls for _, ls in train],
+                             opt=opt, scaler=scaler, graphs=graphs, tokens=tokens, labels=[ls for _, ls in train],
                              dev_gold=[ls for _, ls in splits['dev']], test_gold=[ls for _, ls in splits['test']],
                              all_train=[ls for _, ls in splits['train']], table=None, rows=None, history=[],
                              state={'epoch': 0, 'best': -1.0, 'bad_epochs': 0})
@@ -154,6 +158,10 @@ def setup(args):
         try:  # checked by its hash already: an error here is a file this version did not write
             saved = torch.load(path, map_location='cpu', weights_only=True)
             opt.load_state_dict(saved['optimizer'])
+            for group in opt.param_groups:  # as this run's device needs, not as saved
+                group.update(fused=device.type == 'cuda', capturable=graphs)
+            for p, state in opt.state.items():  # fused Adam counts its steps on the weights' device
+                state['step'] = state['step'].to(p.device)
             scaler.load_state_dict(saved['scaler'])
             run.table, run.rows, run.state = saved.get('table'), saved.get('rows'), meta['state']
         except Exception as e:  # unpickling, a missing key or a wrong shape: one line, not a traceback
@@ -173,7 +181,48 @@ def setup(args):
     elif args.mix == 'lhmix':  # the initial encoder, frozen: encode every local hierarchy once (Sec. 4.1)
         run.table, run.rows = lhmix.local_hierarchy_table(model, tokenizer, run.labels)
         print(f'{len(run.table)} distinct local hierarchies encoded')
+    run.step = make_step(model, opt, scaler, args.zmlce_rows, graphs)
+    run.score_graphs = lhmix.CUDAGraphs(model.label_scores) if graphs else None
     return run
+
+
+def make_step(model, opt, scaler, rows, graphs):
+    """step(**batch) -> the batch's loss (a device scalar: no host sync): forward, backward, Adam.
+    With `graphs`, each batch shape's step is captured once as a CUDA graph and replayed after
+    (lhmix.CUDAGraphs); the gradients then stay allocated, zeroed inside the graph."""
+    device = next(model.parameters()).device
+
+    def forward_backward(**batch):
+        with lhmix.autocast(device):
+            loss = model(**batch, rows=rows)
+        scaler.scale(loss).backward()
+        return loss.detach()
+
+    def step(**batch):
+        opt.zero_grad(set_to_none=True)
+        loss = forward_backward(**batch)
+        scaler.step(opt)
+        scaler.update()
+        return loss
+
+    if not graphs:
+        return step
+    params = [p for g in opt.param_groups for p in g['params']]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    if any(not opt.state[p] for p in params):  # Adam's state made outside the graph: a step on zero
+        with warnings.catch_warnings():          # gradients moves no weight; its step count is undone
+            warnings.simplefilter('ignore')      # (the warning that this step is not captured)
+            opt.step()
+        for p in params:
+            opt.state[p]['step'].zero_()
+
+    def graphed(**batch):
+        torch._foreach_zero_([p.grad for p in params])
+        loss = forward_backward(**batch)
+        opt.step()
+        return loss
+    return lhmix.CUDAGraphs(graphed, warmup=forward_backward)
 
 
 def train_epoch(run, epoch, bar):
@@ -189,27 +238,21 @@ def train_epoch(run, epoch, bar):
     batches = lhmix.train_batches([len(t) for t in run.tokens['train']], args.batch, rng, paired=mixing)
     for idx, partner in batches:
         batch = lhmix.make_batch(model, [run.tokens['train'][i] for i in idx], [run.labels[i] for i in idx],
-                                 multiple, rng, mlm_rate, static=lhmix.is_compiled(model))
+                                 multiple, rng, mlm_rate, static=run.graphs)
         if mixing:  # partners and ratios ride with the batch to the GPU
             hier = run.table[run.rows[idx]] if args.mix == 'lhmix' else None  # cached local hierarchies
             batch['partner'] = partner
             batch['lam'] = lhmix.pair_ratios(args.mix, partner, hier, args.alpha, args.beta, args.mix_alpha)
             lams.append(batch['lam'])
-        batch = lhmix.to_device(batch, device)
-        with lhmix.autocast(device):
-            loss = model(**batch, rows=args.zmlce_rows)
-        run.opt.zero_grad(set_to_none=True)
-        run.scaler.scale(loss).backward()
-        run.scaler.step(run.opt)
-        run.scaler.update()
-        total += loss.detach()  # summed on the device: no host sync inside the loop
+        total += run.step(**lhmix.to_device(batch, device))  # summed on the device: no host sync in the loop
         bar.update(1)
     seconds = time.time() - t0
     train_loss = total.item() / len(batches)
     if not math.isfinite(train_loss):
         raise FloatingPointError(f'the training loss became {train_loss} in epoch {epoch} (try a lower --lr); '
                                  'this epoch is not saved')
-    dev = evaluate.f1_scores(lhmix.score_documents(model, run.tokens['dev']) > 0, run.dev_gold, len(run.hierarchy))
+    scores = lhmix.score_documents(model, run.tokens['dev'], graphs=run.score_graphs)
+    dev = evaluate.f1_scores(scores > 0, run.dev_gold, len(run.hierarchy))
     line = {'epoch': epoch, 'mix': mixing, 'train_loss': train_loss, 'dev_micro_f1': dev['micro_f1'],
             'dev_macro_f1': dev['macro_f1'], 'seconds': round(seconds, 2),
             'samples_per_s': round(len(run.tokens['train']) / seconds, 1)}
