@@ -204,50 +204,6 @@ class LHMix(nn.Module):
         return self.per_label(self.score(self.slots(self.encode(input_ids, attention_mask)))).float()
 
 
-def load_pretrained(name):
-    """(masked LM, tokenizer) of a pretrained BERT- or RoBERTa-style model: a local folder or a hub
-    id. Never runs code from the folder (trust_remote_code=False, and a folder whose config asks for
-    custom code is refused). A name that can only be a path fails at once when it is not a folder."""
-    from safetensors import SafetensorError
-    from transformers import AutoModelForMaskedLM, AutoTokenizer
-    path = os.path.expanduser(name)
-    first = path.replace('\\', '/').split('/')[0]
-    looks_local = os.path.isabs(path) or name.startswith(('.', '~')) or path.count('/') > 1 or (
-        '/' in path and os.path.isdir(first)) or os.path.exists(path)
-    if looks_local and not os.path.isdir(path):
-        raise ValueError(f'--model {name!r}: ' + ('not a folder' if os.path.exists(path) else 'no such folder'))
-    if looks_local:
-        name = path
-        _refuse_remote_code(name)
-        files = os.listdir(name)
-        if 'config.json' not in files or not any(f.endswith(('.safetensors', '.bin')) for f in files):
-            raise ValueError(f'{name}: no model files (config.json and *.safetensors or *.bin) in this folder')
-        if not {'tokenizer.json', 'vocab.txt', 'vocab.json'} & set(files):
-            raise ValueError(f'{name}: no tokenizer files (tokenizer.json, vocab.txt or vocab.json) in this folder')
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
-        mlm = AutoModelForMaskedLM.from_pretrained(name, trust_remote_code=False)
-    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:
-        why = ' '.join(str(e).split())  # one line
-        hint = '' if looks_local else ' (not a local folder; without internet, pass a local folder or --model tiny)'
-        raise ValueError(f'could not load model {name!r}{hint}: {why}') from None
-    return mlm.float(), tokenizer  # fp32 master weights even from an fp16 checkpoint; autocast does the rest
-
-
-def _refuse_remote_code(folder):
-    """A config.json or tokenizer_config.json with `auto_map` asks transformers to run Python files
-    from the folder: refused, whatever trust_remote_code says and without asking."""
-    for name in ('config.json', 'tokenizer_config.json'):
-        path = os.path.join(folder, name)
-        try:
-            with open(path, encoding='utf-8') as f:
-                config = json.load(f)
-        except (OSError, ValueError):
-            continue  # missing or unreadable: reported where it is loaded
-        if isinstance(config, dict) and 'auto_map' in config:
-            raise ValueError(f'{path}: asks to run custom code (auto_map); refused')
-
-
 def build_model(mlm, tokenizer, hierarchy, arch, max_length=512):
     """A fresh LHMix around a pretrained masked LM, with its new tokens initialised (Eq. 1)."""
     special = {'cls': tokenizer.cls_token_id, 'sep': tokenizer.sep_token_id,
@@ -798,6 +754,20 @@ def read_checkpoint_meta(folder):
     return meta
 
 
+def refuse_remote_code(folder):
+    """A config.json or tokenizer_config.json with `auto_map` asks transformers to run Python files
+    from the folder: refused, whatever trust_remote_code says and without asking."""
+    for name in ('config.json', 'tokenizer_config.json'):
+        path = os.path.join(folder, name)
+        try:
+            with open(path, encoding='utf-8') as f:
+                config = json.load(f)
+        except (OSError, ValueError):
+            continue  # missing or unreadable: reported where it is loaded
+        if isinstance(config, dict) and 'auto_map' in config:
+            raise ValueError(f'{path}: asks to run custom code (auto_map); refused')
+
+
 def load_checkpoint(folder, device='cpu', hierarchy=None):
     """(model, tokenizer, meta) from a folder written by save_checkpoint, every file checked first;
     with `hierarchy`, also checks that the checkpoint's labels are those of the data. Runs no code
@@ -806,7 +776,7 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
     from safetensors.torch import load_model
     from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
     meta = read_checkpoint_meta(folder)
-    _refuse_remote_code(folder)
+    refuse_remote_code(folder)
     if hierarchy is not None and meta['hierarchy']['labels'] != hierarchy.labels:
         raise ValueError(f'{folder}: its labels differ from those of the data')
     try:
