@@ -214,76 +214,49 @@ def build_model(mlm, tokenizer, hierarchy, arch, max_length=512):
 
 
 # -----------------------------------------------------------------------------
-# Sec. 3: ZMLCE (Eq. 2) and its gradient (Eq. 8), in torch; fused kernels for CUDA in the appendix
+# Sec. 3: ZMLCE (Eq. 2) and its gradient (Eq. 8), in torch (on CUDA: the appendix's kernels)
 
 
 def _signed(scores, targets, valid):
-    """x = -s for positives, +s for negatives, -inf outside the row's valid labels."""
+    """x = -s for positives, +s for negatives, -inf outside the row's valid labels; fp32 at least."""
     s = scores.to(torch.promote_types(scores.dtype, torch.float32))
     pos = targets.bool()
     x = torch.where(pos, -s, s)
-    if valid is not None:
-        x = x.masked_fill(~valid, -math.inf)
-    return x, pos
-
-
-def _zmlce_forward(scores, targets, valid):
-    """log(1 + sum e^x) over the positives and over the negatives, each shifted by its own max so
-    any magnitude stays finite; one exp over the row serves both sums."""
-    x, pos = _signed(scores, targets, valid)
-    ninf = torch.tensor(-math.inf, dtype=x.dtype, device=x.device)
-    m_pos = torch.where(pos, x, ninf).amax(-1, keepdim=True).clamp_min(0)
-    m_neg = torch.where(pos, ninf, x).amax(-1, keepdim=True).clamp_min(0)
-    e = torch.exp(x - torch.where(pos, m_pos, m_neg))
-    zero = torch.zeros((), dtype=x.dtype, device=x.device)
-    s_pos = torch.where(pos, e, zero).sum(-1, keepdim=True)
-    s_neg = torch.where(pos, zero, e).sum(-1, keepdim=True)
-    return m_pos + torch.log(torch.exp(-m_pos) + s_pos), m_neg + torch.log(torch.exp(-m_neg) + s_neg)
-
-
-def _zmlce_backward(scores, targets, valid, lse_pos, lse_neg, grad):
-    """Eq. 8's closed form: d/ds_k = e^{s_k - lse_neg} (negatives), -e^{-s_k - lse_pos} (positives)."""
-    x, pos = _signed(scores, targets, valid)
-    p = torch.exp(x - torch.where(pos, lse_pos, lse_neg))  # 0 outside the valid labels
-    return (torch.where(pos, -p, p) * grad.unsqueeze(-1)).to(scores.dtype)
+    return (x if valid is None else x.masked_fill(~valid, -math.inf)), pos
 
 
 class ZMLCE(torch.autograd.Function):
-    """Eq. 2 per row: log(1 + sum_{neg} e^{s}) + log(1 + sum_{pos} e^{-s}), over valid labels.
-    No concatenation, boolean indexing or host synchronisation (CUDA-graph and torch.compile
-    friendly). Saves only its inputs and two numbers per row; the backward is the closed form.
-    On CUDA the forward and the backward are each one fused kernel."""
+    """Eq. 2 per row: log(1 + sum_{neg} e^{s}) + log(1 + sum_{pos} e^{-s}) over the valid labels, as two
+    log-sum-exps, each shifted by its own max so that any magnitude stays finite. No concatenation,
+    boolean indexing or host sync (CUDA graphs, torch.compile); saves its inputs and two numbers per row."""
 
     @staticmethod
     def forward(ctx, scores, targets, valid):
-        ctx.fused = scores.is_cuda and triton is not None and scores.dtype != torch.float64
-        if not ctx.fused:
-            lse_pos, lse_neg = _zmlce_forward(scores, targets, valid)
-            ctx.save_for_backward(scores, targets, valid, lse_pos, lse_neg)
-            return (lse_pos + lse_neg).squeeze(-1)
-        shape = scores.shape
-        s, t = _rows(scores, shape), _rows(targets.bool(), shape)
-        v = _rows(valid.bool(), shape) if valid is not None else None
-        lse = torch.empty(s.shape[0], 2, device=s.device, dtype=torch.float32)
-        _launch(_zmlce_fwd_kernel, s, t, v, lse)
-        ctx.save_for_backward(s, t, v, lse)
-        ctx.shape = shape
-        return lse.sum(-1).view(shape[:-1])
+        x, pos = _signed(scores, targets, valid)
+        ninf, zero = torch.tensor(-math.inf, dtype=x.dtype, device=x.device), x.new_zeros(())
+        m_pos = torch.where(pos, x, ninf).amax(-1, keepdim=True).clamp_min(0)
+        m_neg = torch.where(pos, ninf, x).amax(-1, keepdim=True).clamp_min(0)
+        e = torch.exp(x - torch.where(pos, m_pos, m_neg))  # one exp serves both sums
+        lse_pos = m_pos + torch.log(torch.exp(-m_pos) + torch.where(pos, e, zero).sum(-1, keepdim=True))
+        lse_neg = m_neg + torch.log(torch.exp(-m_neg) + torch.where(pos, zero, e).sum(-1, keepdim=True))
+        ctx.save_for_backward(scores, targets, valid, lse_pos, lse_neg)
+        return (lse_pos + lse_neg).squeeze(-1)
 
     @staticmethod
     def backward(ctx, grad):
-        if not ctx.fused:
-            return _zmlce_backward(*ctx.saved_tensors, grad), None, None
-        s, t, v, lse = ctx.saved_tensors
-        gs = torch.empty_like(s)
-        _launch(_zmlce_bwd_kernel, s, t, v, lse, grad.float().reshape(-1).contiguous(), gs)
-        return gs.view(ctx.shape), None, None
+        """Eq. 8's closed form: d/ds_k = e^{s_k - lse_neg} (negatives), -e^{-s_k - lse_pos} (positives)."""
+        scores, targets, valid, lse_pos, lse_neg = ctx.saved_tensors
+        x, pos = _signed(scores, targets, valid)
+        p = torch.exp(x - torch.where(pos, lse_pos, lse_neg))  # 0 outside the valid labels
+        return (torch.where(pos, -p, p) * grad.unsqueeze(-1)).to(scores.dtype), None, None
 
 
 def zmlce(scores, targets, valid=None):
     """Eq. 2: one loss per row of `scores` (..., L); `targets` (0/1) and `valid` (bool) broadcast to it."""
     if valid is not None:
         valid = valid.to(scores.device)
+    if scores.is_cuda and triton is not None and scores.dtype != torch.float64:
+        return FusedZMLCE.apply(scores, targets, valid)  # the appendix
     return ZMLCE.apply(scores, targets, valid)
 
 
@@ -793,12 +766,9 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
 
 
 # -----------------------------------------------------------------------------
-# Appendix: ZMLCE as one fused Triton kernel each way, for CUDA (the torch code above is the
-# reference and the CPU path)
+# Appendix: ZMLCE as one fused Triton kernel each way, for CUDA (ZMLCE above is the reference)
 
-
-
-try:  # on CUDA, one Triton kernel each way; the torch code above is the CPU path and the reference
+try:
     import triton
     import triton.language as tl
 except ImportError:
@@ -849,9 +819,28 @@ def _rows(x, shape):
     return x.view(torch.uint8) if x.dtype == torch.bool else x
 
 
-def _launch(kernel, scores, targets, valid, *out):
-    L = scores.shape[-1]
-    block = min(triton.next_power_of_2(L), 4096)
-    kernel[(scores.shape[0],)](scores, targets, valid if valid is not None else targets, *out, L,
-                               HAS_VALID=valid is not None, BLOCK=block, num_warps=4 if block <= 1024 else 8)
+def _launch(kernel, s, t, v, *out):
+    block = min(triton.next_power_of_2(s.shape[1]), 4096)
+    kernel[(s.shape[0],)](s, t, v if v is not None else t, *out, s.shape[1],
+                          HAS_VALID=v is not None, BLOCK=block, num_warps=4 if block <= 1024 else 8)
 
+
+class FusedZMLCE(torch.autograd.Function):
+    """ZMLCE (Eq. 2, Eq. 8) by the kernels above, one program per row of its inputs as (rows, L)."""
+
+    @staticmethod
+    def forward(ctx, scores, targets, valid):
+        ctx.shape = shape = scores.shape
+        s, t = _rows(scores, shape), _rows(targets.bool(), shape)
+        v = _rows(valid.bool(), shape) if valid is not None else None
+        lse = torch.empty(s.shape[0], 2, device=s.device, dtype=torch.float32)
+        _launch(_zmlce_fwd_kernel, s, t, v, lse)
+        ctx.save_for_backward(s, t, v, lse)
+        return lse.sum(-1).view(shape[:-1])
+
+    @staticmethod
+    def backward(ctx, grad):
+        s, t, v, lse = ctx.saved_tensors
+        gs = torch.empty_like(s)
+        _launch(_zmlce_bwd_kernel, s, t, v, lse, grad.float().reshape(-1).contiguous(), gs)
+        return gs.view(ctx.shape), None, None
