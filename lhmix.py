@@ -79,14 +79,6 @@ class Hierarchy:
                 i = self.parent[i]
         return sorted(out)
 
-    def to_dict(self):
-        return {'labels': self.labels, 'names': self.names,
-                'parents': [self.labels[p] if p >= 0 else None for p in self.parent]}
-
-    @classmethod
-    def from_dict(cls, d):
-        return cls(dict(zip(d['labels'], d['parents'])), dict(zip(d['labels'], d['names'])))
-
 
 def template(num_depths, cls_id, sep_id, depth_ids, slot_id):
     """Sec. 3.2: `[CLS] [D1] [P] [D2] [P] ... [DD] [P] [SEP]`; the text and `[SEP]` follow.
@@ -583,20 +575,11 @@ def classify(model, tokenizer, texts):
 
 
 # -----------------------------------------------------------------------------
-# Checkpoints: safetensors + JSON, no pickle; written so that a kill at any instant leaves the
-# previous or the new checkpoint whole; every file checked by size and SHA-256 when loaded
+# Checkpoints: safetensors + JSON, no pickle. A kill at any instant leaves the old checkpoint or the
+# new one whole; loading checks lhmix.json by its own hash and every file by size and SHA-256.
 
 CHECKPOINT_META = 'lhmix.json'
-META_HASH = 'meta_sha256'  # lhmix.json's own hash, of its other keys: a garbled but parseable file is refused too
-
-
-def _crash_point(step, folder):
-    """Tests kill the process here to check that every instant of a write is safe: LHMIX_CRASH_AT=step
-    (written, linked or switched) kills at that step of any save, LHMIX_CRASH_AT=name:step only in
-    a save of the checkpoint folder called `name` (best, last)."""
-    at = os.environ.get('LHMIX_CRASH_AT')
-    if at in (step, f'{os.path.basename(folder)}:{step}'):
-        os.kill(os.getpid(), 9)
+META_HASH = 'meta_sha256'  # lhmix.json's hash of its other keys: a garbled but parseable file is refused too
 
 
 def _digest(path):
@@ -612,7 +595,7 @@ def _meta_hash(meta):
     return hashlib.sha256(text.encode('utf-8')).hexdigest()
 
 
-def _fsync(path):
+def _fsync(path):  # a file or a folder
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -620,19 +603,23 @@ def _fsync(path):
         os.close(fd)
 
 
+def _crash_point(step, folder):
+    """For the tests: LHMIX_CRASH_AT=step, or name:step for the folder `name` only, kills a save there."""
+    if os.environ.get('LHMIX_CRASH_AT') in (step, f'{os.path.basename(folder)}:{step}'):
+        os.kill(os.getpid(), 9)
+
+
 def save_checkpoint(folder, model, tokenizer, info, train_state=None):
-    """Writes the checkpoint `folder` (model.safetensors, the HF config and tokenizer files,
-    lhmix.json: hierarchy, token ids, max_length, the size and hash of every file, and `info`; with
-    `train_state`, a dict of tensors for --resume, train_state.pt read back with weights_only=True).
-    The files go into a new version folder `folder.ckpt-*`; then the symbolic link `folder` is
-    switched to it by one atomic rename, and older versions are removed. Files get the umask's modes.
-    Weights that are not finite are refused (FloatingPointError): nothing is written."""
+    """Writes model.safetensors, the HF config and tokenizer files, train_state.pt (`train_state`: tensors
+    for --resume) and lhmix.json (what rebuilds the LHMix, `info`, every file's size and SHA-256) into a
+    new version folder `folder.ckpt-*` with the umask's modes, switches the symbolic link `folder` to it
+    by one atomic rename, and removes older versions. Non-finite weights are refused, nothing written."""
     from safetensors.torch import save_model
     bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
     if bad:
         raise FloatingPointError(f'the weights are not finite ({bad[0]}{" and others" if len(bad) > 1 else ""}); '
                                  f'{folder} is not saved (try a lower --lr)')
-    folder = os.path.abspath(folder)
+    folder, h = os.path.abspath(folder), model.hierarchy
     parent, base = os.path.split(folder)
     os.makedirs(parent, exist_ok=True)
     version = os.path.join(parent, f'{base}.ckpt-{os.urandom(6).hex()}')
@@ -643,54 +630,49 @@ def save_checkpoint(folder, model, tokenizer, info, train_state=None):
         tokenizer.save_pretrained(version)
         if train_state is not None:
             torch.save(train_state, os.path.join(version, 'train_state.pt'))
+        parents = [h.labels[p] if p >= 0 else None for p in h.parent]
         meta = {'arch': model.arch, 'base_vocab': model.base_vocab, 'special': model.special,
-                'max_length': model.max_length, 'hierarchy': model.hierarchy.to_dict(),
+                'max_length': model.max_length, 'hierarchy': {'labels': h.labels, 'names': h.names, 'parents': parents},
                 'files': {f: _digest(os.path.join(version, f)) for f in sorted(os.listdir(version))}, **info}
-        meta[META_HASH] = _meta_hash(meta)
         with open(os.path.join(version, CHECKPOINT_META), 'w', encoding='utf-8') as f:
-            json.dump(meta, f, indent=1)
+            json.dump({**meta, META_HASH: _meta_hash(meta)}, f, indent=1)
         mask = os.umask(0)
         os.umask(mask)
-        for f in os.listdir(version):  # the umask's modes (safetensors writes 0600, mkdir may differ)
-            os.chmod(os.path.join(version, f), 0o666 & ~mask)
-            _fsync(os.path.join(version, f))
-        os.chmod(version, 0o777 & ~mask)
-        _fsync(version)
+        for path in [os.path.join(version, f) for f in os.listdir(version)] + [version]:
+            os.chmod(path, (0o777 if path == version else 0o666) & ~mask)  # safetensors writes 0600
+            _fsync(path)
     except BaseException:
         shutil.rmtree(version, ignore_errors=True)
         raise
     _crash_point('written', folder)
-    link = folder + '.link'
-    if os.path.lexists(link):
-        os.remove(link)
-    os.symlink(os.path.basename(version), link)
+    if os.path.lexists(folder + '.link'):
+        os.remove(folder + '.link')
+    os.symlink(os.path.basename(version), folder + '.link')
     _crash_point('linked', folder)
     if os.path.isdir(folder) and not os.path.islink(folder):  # a plain folder (copied by hand): set aside
         os.replace(folder, f'{folder}.ckpt-{os.urandom(6).hex()}')
-    os.replace(link, folder)  # atomic: `folder` names the old version or the new, never nothing
+    os.replace(folder + '.link', folder)  # atomic: `folder` names the old version or the new, never nothing
     _fsync(parent)
     _crash_point('switched', folder)
     tidy_checkpoint(folder)
 
 
 def tidy_checkpoint(folder):
-    """Removes what a save_checkpoint killed halfway left beside `folder`: the temporary link and
-    the version folders `folder` does not point to (all of them if it points to none)."""
+    """Removes what a killed save_checkpoint left beside `folder`: the temporary link and the version
+    folders `folder` does not point to (all of them if it points to none)."""
     folder = os.path.abspath(folder)
     parent, base = os.path.split(folder)
-    if not os.path.isdir(parent):
-        return
     keep = os.path.basename(os.readlink(folder)) if os.path.islink(folder) else None
     if os.path.lexists(folder + '.link'):
         os.remove(folder + '.link')
-    for f in os.listdir(parent):
+    for f in os.listdir(parent) if os.path.isdir(parent) else []:
         if f.startswith(base + '.ckpt-') and f != keep:
             shutil.rmtree(os.path.join(parent, f), ignore_errors=True)
 
 
 def read_checkpoint_meta(folder):
-    """lhmix.json of a checkpoint, after checking it (its own hash) and every file it lists (size and
-    SHA-256); a checkpoint without its weights, config or tokenizer files is refused."""
+    """lhmix.json of a checkpoint, checked by its own hash, after checking every file it lists (size
+    and SHA-256); a checkpoint without its weights, config or tokenizer files is refused."""
     path = os.path.join(folder, CHECKPOINT_META)
     if not os.path.isdir(folder):
         raise FileNotFoundError(f'{folder}: no such checkpoint folder')
@@ -701,22 +683,18 @@ def read_checkpoint_meta(folder):
             meta = json.load(f)
         if not isinstance(meta, dict) or not isinstance(meta.get('files'), dict):
             raise TypeError('no table of files')
-        for key in ('arch', 'base_vocab', 'special', 'max_length', 'hierarchy'):
+        for key in ('arch', 'base_vocab', 'special', 'max_length', 'hierarchy', META_HASH):
             meta[key]
-        if META_HASH not in meta:
-            raise KeyError(META_HASH)
         ok = meta[META_HASH] == _meta_hash(meta)
     except (ValueError, KeyError, TypeError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise ValueError(f'{path}: corrupt or not written by this version ({type(e).__name__}: {e})') from None
     if not ok:
         raise ValueError(f'{path}: altered or corrupt (its content does not match its {META_HASH})')
-    files = meta['files']
-    for name in ('model.safetensors', 'config.json'):
-        if name not in files:
-            raise ValueError(f'{path}: lists no {name}')
-    if not {'tokenizer.json', 'tokenizer_config.json', 'vocab.txt', 'vocab.json'} & set(files):
-        raise ValueError(f'{path}: lists no tokenizer files')
-    for name, want in files.items():
+    for what, names in (('model.safetensors', {'model.safetensors'}), ('config.json', {'config.json'}),
+                        ('tokenizer files', {'tokenizer.json', 'tokenizer_config.json', 'vocab.txt', 'vocab.json'})):
+        if not names & set(meta['files']):
+            raise ValueError(f'{path}: lists no {what}')
+    for name, want in meta['files'].items():
         p = os.path.join(folder, name)
         if os.path.basename(name) != name or name in ('', '.', '..'):
             raise ValueError(f'{path}: file name {name!r} outside the checkpoint')
@@ -728,10 +706,9 @@ def read_checkpoint_meta(folder):
 
 
 def refuse_remote_code(folder):
-    """A config.json or tokenizer_config.json with `auto_map` asks transformers to run Python files
-    from the folder: refused, whatever trust_remote_code says and without asking."""
-    for name in ('config.json', 'tokenizer_config.json'):
-        path = os.path.join(folder, name)
+    """A config.json or tokenizer_config.json with `auto_map` asks transformers to run Python files from
+    the folder: refused, whatever trust_remote_code says and without asking."""
+    for path in (os.path.join(folder, 'config.json'), os.path.join(folder, 'tokenizer_config.json')):
         try:
             with open(path, encoding='utf-8') as f:
                 config = json.load(f)
@@ -742,21 +719,21 @@ def refuse_remote_code(folder):
 
 
 def load_checkpoint(folder, device='cpu', hierarchy=None):
-    """(model, tokenizer, meta) from a folder written by save_checkpoint, every file checked first;
-    with `hierarchy`, also checks that the checkpoint's labels are those of the data. Runs no code
-    from the folder (trust_remote_code=False, and a config with `auto_map` is refused)."""
+    """(model, tokenizer, meta) of a checkpoint, every file checked first; with `hierarchy`, its labels
+    must be those of the data. Runs no code from the folder (trust_remote_code=False, no auto_map)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_model
     from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
     meta = read_checkpoint_meta(folder)
     refuse_remote_code(folder)
-    if hierarchy is not None and meta['hierarchy']['labels'] != hierarchy.labels:
+    h = meta['hierarchy']
+    if hierarchy is not None and h['labels'] != hierarchy.labels:
         raise ValueError(f'{folder}: its labels differ from those of the data')
     try:
         config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
         mlm = AutoModelForMaskedLM.from_config(config, trust_remote_code=False)
-        model = LHMix(mlm, Hierarchy.from_dict(meta['hierarchy']), meta['arch'], meta['base_vocab'],
-                      meta['special'], meta['max_length'])
+        model = LHMix(mlm, Hierarchy(dict(zip(h['labels'], h['parents'])), dict(zip(h['labels'], h['names']))),
+                      meta['arch'], meta['base_vocab'], meta['special'], meta['max_length'])
         load_model(model, os.path.join(folder, 'model.safetensors'), device=str(device))
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as e:
