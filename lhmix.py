@@ -1,14 +1,10 @@
-"""LH-Mix: Local Hierarchy Correlation Guided Mixup over Hierarchical Prompt Tuning.
-
-The method of Kong, Zhang & Wang (KDD 2025) in one file, read top-down in the paper's order:
-  Sec. 3    the label hierarchy and the hierarchical prompt template; the model and its
-            verbalizer (Eq. 1); ZMLCE, the zero-bounded multi-label cross-entropy (Eq. 2), with its
-            closed-form gradient (Eq. 8)
-  Sec. 4.1  local hierarchy sequences, encoded once by the frozen initial encoder; Eq. 3
-  Sec. 4.2  the mixing ratio (Eq. 4) and the pairs it mixes
-  Sec. 4.3  Mixup of the slot hidden states (Eq. 5), scored by the verbalizer (Eq. 6), loss mixing (Eq. 7)
-then what feeding the model needs (tokens, batches, prediction) and checkpoints, and last, as an
-appendix, the fused Triton kernels of ZMLCE used on CUDA. It imports nothing of this project's.
+"""LH-Mix: Local Hierarchy Correlation Guided Mixup over Hierarchical Prompt Tuning (Kong, Zhang &
+Wang, KDD 2025) in one file, read top-down in the paper's order: Sec. 3, the label hierarchy, the
+hierarchical prompt and its verbalizer (Eq. 1), ZMLCE (Eq. 2) with its gradient (Eq. 8); Sec. 4.1,
+local hierarchies encoded once by the frozen initial encoder, their similarity (Eq. 3); Sec. 4.2, the
+mixing ratio (Eq. 4); Sec. 4.3, Mixup of the slot hidden states (Eqs. 5-6), loss mixing (Eq. 7). Then
+feeding the model, checkpoints, and an appendix: ZMLCE's fused Triton kernels for CUDA. It imports
+nothing of this project's.
 """
 import hashlib
 import json
@@ -26,131 +22,89 @@ import torch.nn.functional as F
 
 
 class Hierarchy:
-    """A label tree. Labels get ids in the order given; depth 1 is the top level.
-
-    `parents` maps each label to its parent (None or 'Root' for a top-level label);
-    `names` gives readable names for the verbalizer (default: the part after the last '/').
-    `lines` (optional) maps a label to the source line that defined it, for error messages.
-    """
+    """A label tree; labels get ids in the order given, depth 1 is the top level. `parents` maps each
+    label to its parent (None or 'Root' at the top), `names` to its name for the verbalizer (default:
+    the part after the last '/'), `lines` to the source line that defined it (for error messages)."""
 
     def __init__(self, parents, names=None, lines=None):
-        lines = lines or {}
+        lines, n = lines or {}, len(parents)
         self.labels = list(parents)
         self.index = {v: i for i, v in enumerate(self.labels)}
-        self.parent = []
+        self.parent, self.depth = [], []
         for v in self.labels:
             p = parents[v]
-            if p in (None, 'Root'):
-                self.parent.append(-1)
-            elif p not in self.index:
+            if p not in (None, 'Root') and p not in self.index:
                 raise ValueError(f"{lines.get(v, 'label ' + repr(v))}: parent {p!r} of {v!r} refers to nothing")
-            else:
-                self.parent.append(self.index[p])
-        self.depth = []
+            self.parent.append(-1 if p in (None, 'Root') else self.index[p])
         for i, v in enumerate(self.labels):
             d, j = 1, self.parent[i]
-            while j >= 0:
+            while j >= 0 and d <= n:  # a chain of more than n labels goes round a cycle
                 d, j = d + 1, self.parent[j]
-                if d > len(self.labels):
-                    raise ValueError(f"{lines.get(v, 'label ' + repr(v))}: cycle through label {v!r}")
+            if d > n:
+                raise ValueError(f"{lines.get(v, 'label ' + repr(v))}: cycle through label {v!r}")
             self.depth.append(d)
         self.num_depths = max(self.depth)
         self.by_depth = [[i for i, d in enumerate(self.depth) if d == k + 1] for k in range(self.num_depths)]
-        names = names or {}
-        self.names = [names.get(v, v.rsplit('/', 1)[-1]).replace('_', ' ') for v in self.labels]
+        self.names = [(names or {}).get(v, v.rsplit('/', 1)[-1]).replace('_', ' ') for v in self.labels]
 
     def __len__(self):
         return len(self.labels)
 
     def path(self, v):
         """The ancestors of label v and v itself, root first."""
-        out = []
-        while v >= 0:
-            out.append(v)
-            v = self.parent[v]
-        return out[::-1]
+        return self.path(self.parent[v]) + [v] if v >= 0 else []
 
     def closure(self, label_ids):
         """The label set closed upward: every ancestor of a gold label is gold too."""
-        out = set()
-        for i in label_ids:
-            while i >= 0 and i not in out:
-                out.add(i)
-                i = self.parent[i]
-        return sorted(out)
+        return sorted({a for v in label_ids for a in self.path(v)})
 
 
 def template(num_depths, cls_id, sep_id, depth_ids, slot_id):
-    """Sec. 3.2: `[CLS] [D1] [P] [D2] [P] ... [DD] [P] [SEP]`; the text and `[SEP]` follow.
-    The hidden state of the slot after [Dd] sits at position 2d."""
-    ids = [cls_id]
-    for d in range(num_depths):
-        ids += [depth_ids[d], slot_id]
-    return ids + [sep_id]
+    """Sec. 3.2: `[CLS] [D1] [P] [D2] [P] ... [DD] [P] [SEP]`, then the text and `[SEP]`; the slot
+    [P] after [Dd] sits at position 2d."""
+    return [cls_id] + [t for d in range(num_depths) for t in (depth_ids[d], slot_id)] + [sep_id]
 
 # -----------------------------------------------------------------------------
 # Sec. 3: the model, hierarchical prompt with verbalizer (Eq. 1), or the flat BERT ablation
 
 
 class LHMix(nn.Module):
-    """A masked language model with D depth tokens, a slot token and one token per label
-    appended to its vocabulary (ids base_vocab + [labels | depths | slot]).
-
-    arch='prompt': the score of label v at depth d is the MLM head's transform of h^d_[P] dotted
-    with v's (tied input/output) embedding plus a bias, over V^d only (Eq. 1).
-    arch='bert': the paper's flat ablation, [CLS] -> linear over all labels.
-    """
+    """A masked LM with one token per label, D depth tokens and the slot token [P] appended to its
+    vocabulary (ids base_vocab + [labels | depths | slot]). arch='prompt': label v of depth d scores
+    the MLM head's transform of h^d_[P] dotted with v's (tied input/output) embedding, plus a bias,
+    over V^d only (Eq. 1); arch='bert': the paper's flat ablation, [CLS] -> linear over all labels."""
 
     def __init__(self, mlm, hierarchy, arch, base_vocab, special, max_length=512):
         super().__init__()
-        self.max_length = max_length  # tokens per input, template included
         if arch not in ('prompt', 'bert'):
             raise ValueError(f'unknown arch {arch!r} (prompt or bert)')
         self.mlm, self.hierarchy, self.arch, self.base_vocab = mlm, hierarchy, arch, base_vocab
-        self.special = special  # cls, sep, pad, mask token ids of the tokenizer
+        self.special, self.max_length = special, max_length  # cls/sep/pad/mask ids; tokens per input
         V, D = len(hierarchy), hierarchy.num_depths
-        self.depth_ids = [base_vocab + V + d for d in range(D)]
-        self.slot_id = base_vocab + V + D
-        if mlm.get_input_embeddings().num_embeddings != base_vocab + V + D + 1:
-            try:  # transformers >= 4.46 would otherwise mean-initialise rows init_new_tokens overwrites
-                mlm.resize_token_embeddings(base_vocab + V + D + 1, mean_resizing=False)
+        self.depth_ids, self.slot_id = [base_vocab + V + d for d in range(D)], base_vocab + V + D
+        if mlm.get_input_embeddings().num_embeddings != self.slot_id + 1:
+            try:  # transformers >= 4.46 would otherwise mean-initialise rows that build_model overwrites
+                mlm.resize_token_embeddings(self.slot_id + 1, mean_resizing=False)
             except TypeError:
-                mlm.resize_token_embeddings(base_vocab + V + D + 1)
+                mlm.resize_token_embeddings(self.slot_id + 1)
         if hasattr(mlm, 'cls'):  # BERT family: dense -> act -> LayerNorm
             self.transform = mlm.cls.predictions.transform
         elif hasattr(mlm, 'lm_head'):  # RoBERTa family
-            head = mlm.lm_head
-            self.transform = lambda x: head.layer_norm(F.gelu(head.dense(x)))
+            self.transform = lambda x, head=mlm.lm_head: head.layer_norm(F.gelu(head.dense(x)))
         else:
             raise ValueError(f'{type(mlm).__name__}: only BERT- and RoBERTa-style MLM heads are supported')
         if arch == 'prompt':
             self.label_bias = nn.Parameter(torch.zeros(V))
             self.prefix = template(D, special['cls'], special['sep'], self.depth_ids, self.slot_id)
-            valid = torch.tensor([[hierarchy.depth[v] == d + 1 for v in range(V)] for d in range(D)])
+            valid = torch.arange(1, D + 1)[:, None] == torch.tensor(hierarchy.depth)
         else:
-            self.prefix = [special['cls']]
-            self.classifier = nn.Linear(mlm.config.hidden_size, V)
+            self.prefix, self.classifier = [special['cls']], nn.Linear(mlm.config.hidden_size, V)
             valid = torch.ones(1, V, dtype=torch.bool)
         self.register_buffer('valid', valid, persistent=False)  # (rows, V): labels each row scores
 
-    def init_new_tokens(self, tokenizer):
-        """Label tokens start as the mean word-piece embedding of the label's name (Eq. 1);
-        depth tokens are random, as the paper says; the slot starts as [MASK] (as the authors' code)."""
-        emb = self.mlm.get_input_embeddings().weight
-        std = self.mlm.config.initializer_range
-        with torch.no_grad():
-            for v, ids in enumerate(self.name_ids(tokenizer)):
-                emb[self.base_vocab + v] = emb[ids].mean(0)
-            for d in self.depth_ids:
-                emb[d].normal_(0.0, std)
-            emb[self.slot_id] = emb[self.special['mask']]
-
     def name_ids(self, tokenizer):
-        out = []
-        for name in self.hierarchy.names:
-            ids = tokenizer(name, add_special_tokens=False)['input_ids']
-            out.append(ids or [tokenizer.unk_token_id])
-        return out
+        return [tokenizer(name, add_special_tokens=False)['input_ids'] or [tokenizer.unk_token_id]  # never empty
+                for name in self.hierarchy.names]
 
     def label_embeddings(self):
         return self.mlm.get_input_embeddings().weight[self.base_vocab:self.base_vocab + len(self.hierarchy)]
@@ -164,9 +118,7 @@ class LHMix(nn.Module):
 
     def slots(self, hidden):
         """(B, rows, H): the [P] slot of each depth (positions 2, 4, ..., 2D), or [CLS] for bert."""
-        if self.arch == 'prompt':
-            return hidden[:, 2:2 * len(self.depth_ids) + 1:2]
-        return hidden[:, :1]
+        return hidden[:, 2:2 * len(self.depth_ids) + 1:2] if self.arch == 'prompt' else hidden[:, :1]
 
     def score(self, slot_hidden):
         """Eq. 1: (B, rows, V) label scores p^d; only `self.valid` entries are meaningful."""
@@ -181,14 +133,11 @@ class LHMix(nn.Module):
     def mlm_loss(self, hidden, positions, labels):
         """HPT's auxiliary MLM loss, with the head run only at the masked positions."""
         x = hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions)
-        logits = self.mlm.get_output_embeddings()(self.transform(x))
-        return F.cross_entropy(logits.float(), labels)
+        return F.cross_entropy(self.mlm.get_output_embeddings()(self.transform(x)).float(), labels)
 
-    def forward(self, input_ids, attention_mask, targets, partner=None, lam=None, mlm_pos=None, mlm_labels=None,
-                rows='depth'):
-        """The training loss: ZMLCE (Eq. 2), with Mixup (Eqs. 5-7) when `partner`/`lam` are given;
-        see `training_loss` in Sec. 4.3."""
-        return training_loss(self, input_ids, attention_mask, targets, partner, lam, mlm_pos, mlm_labels, rows)
+    def forward(self, *args, **kwargs):
+        """The training loss, ZMLCE (Eq. 2), with Mixup (Eqs. 5-7) given partners: `training_loss`."""
+        return training_loss(self, *args, **kwargs)
 
     @torch.no_grad()
     def label_scores(self, input_ids, attention_mask):
@@ -197,11 +146,18 @@ class LHMix(nn.Module):
 
 
 def build_model(mlm, tokenizer, hierarchy, arch, max_length=512):
-    """A fresh LHMix around a pretrained masked LM, with its new tokens initialised (Eq. 1)."""
+    """A fresh LHMix around a pretrained masked LM. Label tokens start as the mean word-piece embedding
+    of their name (Eq. 1), depth tokens random (the paper), the slot as [MASK] (the authors' code)."""
     special = {'cls': tokenizer.cls_token_id, 'sep': tokenizer.sep_token_id,
                'pad': tokenizer.pad_token_id, 'mask': tokenizer.mask_token_id}
     model = LHMix(mlm, hierarchy, arch, len(tokenizer), special, max_length)
-    model.init_new_tokens(tokenizer)
+    emb = mlm.get_input_embeddings().weight
+    with torch.no_grad():
+        for v, ids in enumerate(model.name_ids(tokenizer)):
+            emb[model.base_vocab + v] = emb[ids].mean(0)
+        for d in model.depth_ids:
+            emb[d].normal_(0.0, mlm.config.initializer_range)
+        emb[model.slot_id] = emb[special['mask']]
     return model
 
 
@@ -259,23 +215,18 @@ def zmlce(scores, targets, valid=None):
 def local_hierarchy_ids(model, label_ids, name_ids):
     """Sec. 4.1: the gold labels as a sequence `[CLS] [D1] <names at depth 1> [D2] ... [SEP]`."""
     ids = [model.special['cls']]
-    for d, depth_id in enumerate(model.depth_ids):
-        ids.append(depth_id)
-        for v in label_ids:
-            if model.hierarchy.depth[v] == d + 1:
-                ids += name_ids[v]
+    for d, depth_id in enumerate(model.depth_ids, 1):
+        ids += [depth_id] + [t for v in label_ids if model.hierarchy.depth[v] == d for t in name_ids[v]]
     return ids + [model.special['sep']]
 
 
 @torch.no_grad()
 def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
-    """[CLS] embeddings of every distinct local hierarchy, by the model as it is now (call it before
-    training: the paper's frozen copy of the initial encoder). The encoder is frozen and deterministic,
-    so each hierarchy is encoded once and looked up per step. Returns (table (U, H), index (N,)),
-    both on the CPU: a step's rows travel with its batch."""
+    """[CLS] embeddings of the distinct local hierarchies by the model as it is now. Called before
+    training, it is the paper's frozen initial encoder: deterministic, so each is encoded once. Returns
+    (table (U, H), each set's row (N,)) on the CPU: a step's rows travel with its batch."""
     keys = [tuple(sorted(s)) for s in label_sets]
     distinct = sorted(set(keys))
-    row = {k: i for i, k in enumerate(distinct)}
     name_ids = model.name_ids(tokenizer)
     seqs = [local_hierarchy_ids(model, k, name_ids) for k in distinct]
     device, was_training = next(model.parameters()).device, model.training
@@ -285,6 +236,7 @@ def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
         ids, mask = pad(seqs[i:i + batch_size], model.special['pad'], 1)
         out.append(model.encode(ids.to(device), mask.to(device))[:, 0].float())
     model.train(was_training)
+    row = {k: i for i, k in enumerate(distinct)}
     return torch.cat(out).cpu(), torch.tensor([row[k] for k in keys])
 
 
@@ -308,10 +260,9 @@ def mixup_ratio(s, alpha, beta):
 
 
 def pair_ratios(mix, partner, hier=None, alpha=1.0, beta=0.75, mix_alpha=1.0):
-    """One lambda per document of a batch, for its `partner` (positions in the batch): from Eqs. 3-4
-    ('lhmix'; `hier` (B, H) holds the cached local-hierarchy embeddings of the batch) or from
-    Beta(a, a) folded to max(lambda, 1 - lambda) ('mixup', the vanilla ablation). A few numbers per
-    batch: made on the CPU, they reach the GPU with the batch and cost the step no kernel launch."""
+    """One lambda per document of a batch for its `partner` (a position in the batch): by Eqs. 3-4 from
+    `hier` (B, H), the batch's local-hierarchy embeddings ('lhmix'), or Beta(a, a) folded to
+    max(lambda, 1 - lambda) ('mixup', the vanilla ablation). Made on the CPU: no kernel launch."""
     if mix == 'lhmix':
         return mixup_ratio(hierarchy_similarity(hier, hier[partner]), alpha, beta)
     if mix != 'mixup':
@@ -331,14 +282,12 @@ def _per_row(lam, like):
 
 
 def mix_hidden(h_i, h_j, lam):
-    """Eq. 5: h~ = lambda h_i + (1 - lambda) h_j = lerp(h_j, h_i, lambda), one lambda per row of the
-    batch, computed in fp32."""
+    """Eq. 5: h~ = lambda h_i + (1 - lambda) h_j = lerp(h_j, h_i, lambda), one lambda per row, in fp32."""
     return torch.lerp(h_j.float(), h_i.float(), _per_row(lam.float(), h_i)).to(h_i.dtype)
 
 
 def mixed_zmlce(scores, targets_i, targets_j, lam, valid=None):
-    """Eq. 7: lambda L(p~, y_i) + (1 - lambda) L(p~, y_j), one lambda per pair (the authors' code
-    multiplies by a (B,1,1) lambda that broadcasts into a batch mean; the paper's form is per pair)."""
+    """Eq. 7: lambda L(p~, y_i) + (1 - lambda) L(p~, y_j), one lambda per pair (not a batch mean)."""
     loss_i, loss_j = zmlce(scores, targets_i, valid), zmlce(scores, targets_j, valid)
     lam = _per_row(lam.float(), loss_i)
     return lam * loss_i + (1 - lam) * loss_j
