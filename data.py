@@ -1,6 +1,6 @@
 """The data sets: WOS as HPT's scripts build it, HiAGM/HPT-format folders (NYT, RCV1-V2, any), and
 a synthetic demo with the tiny BERT it trains. `load_data(name)` returns (Hierarchy, {split: [(text,
-label ids)]}); everything else here feeds it.
+label ids)]}); everything else here feeds it, except `load_pretrained`: the pretrained model a run starts from.
 """
 import io
 import json
@@ -16,7 +16,7 @@ from xml.etree import ElementTree
 
 import numpy as np
 
-from lhmix import Hierarchy
+from lhmix import Hierarchy, refuse_remote_code
 
 WOS_URL = ('https://data.mendeley.com/datasets/9rw3vkcfy4/6/files/'
            'c9ea673d-5542-44c0-ab7b-f1311f7d61df/WebOfScience.zip?dl=1')
@@ -385,6 +385,37 @@ def tiny_bert(texts, max_words=8000):
     config = BertConfig(vocab_size=len(vocab), hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=256, max_position_embeddings=512)
     return AutoModelForMaskedLM.from_config(config), tokenizer  # as load_checkpoint builds it (same attention)
+
+
+def load_pretrained(name):
+    """(masked LM, tokenizer) of a pretrained BERT- or RoBERTa-style model: a local folder or a hub
+    id. Never runs code from the folder (trust_remote_code=False, and a folder whose config asks for
+    custom code is refused). A name that can only be a path fails at once when it is not a folder."""
+    from safetensors import SafetensorError
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+    path = os.path.expanduser(name)
+    first = path.replace('\\', '/').split('/')[0]
+    looks_local = os.path.isabs(path) or name.startswith(('.', '~')) or path.count('/') > 1 or (
+        '/' in path and os.path.isdir(first)) or os.path.exists(path)
+    if looks_local and not os.path.isdir(path):
+        raise ValueError(f'--model {name!r}: ' + ('not a folder' if os.path.exists(path) else 'no such folder'))
+    if looks_local:
+        name = path
+        refuse_remote_code(name)
+        files = os.listdir(name)
+        if 'config.json' not in files or not any(f.endswith(('.safetensors', '.bin')) for f in files):
+            raise ValueError(f'{name}: no model files (config.json and *.safetensors or *.bin) in this folder')
+        if not {'tokenizer.json', 'vocab.txt', 'vocab.json'} & set(files):
+            raise ValueError(f'{name}: no tokenizer files (tokenizer.json, vocab.txt or vocab.json) in this folder')
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
+        mlm = AutoModelForMaskedLM.from_pretrained(name, trust_remote_code=False)
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:
+        why = ' '.join(str(e).split())  # one line
+        hint = '' if looks_local else ' (not a local folder; without internet, pass a local folder or --model tiny)'
+        raise ValueError(f'could not load model {name!r}{hint}: {why}') from None
+    return mlm.float(), tokenizer  # fp32 master weights even from an fp16 checkpoint; autocast does the rest
+
 
 
 

@@ -309,7 +309,7 @@ def similar_main(args):
         raise ValueError(f'{args.ckpt}: the checkpoint does not record its pretrained model; pass --model PATH')
     if path == 'tiny':
         raise ValueError("the run started from --model tiny (random init, not rebuildable); pass --model PATH")
-    mlm, tokenizer = lhmix.load_pretrained(path)
+    mlm, tokenizer = data.load_pretrained(path)
     if len(tokenizer) != model.base_vocab or mlm.config.hidden_size != model.mlm.config.hidden_size:
         raise ValueError(f'{path}: not the model this checkpoint was trained from (vocabulary or width differs)')
     init_model = lhmix.build_model(mlm, tokenizer, model.hierarchy, model.arch, model.max_length)

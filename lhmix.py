@@ -1,14 +1,10 @@
-"""LH-Mix: Local Hierarchy Correlation Guided Mixup over Hierarchical Prompt Tuning.
-
-The method of Kong, Zhang & Wang (KDD 2025) in one file, read top-down in the paper's order:
-  Sec. 3    the label hierarchy and the hierarchical prompt template; the model and its
-            verbalizer (Eq. 1); ZMLCE, the zero-bounded multi-label cross-entropy (Eq. 2), with its
-            closed-form gradient (Eq. 8)
-  Sec. 4.1  local hierarchy sequences, encoded once by the frozen initial encoder; Eq. 3
-  Sec. 4.2  the mixing ratio (Eq. 4) and the pairs it mixes
-  Sec. 4.3  Mixup of the slot hidden states (Eq. 5), scored by the verbalizer (Eq. 6), loss mixing (Eq. 7)
-then what feeding the model needs (tokens, batches, prediction) and checkpoints, and last, as an
-appendix, the fused Triton kernels of ZMLCE used on CUDA. It imports nothing of this project's.
+"""LH-Mix: Local Hierarchy Correlation Guided Mixup over Hierarchical Prompt Tuning (Kong, Zhang &
+Wang, KDD 2025) in one file, read top-down in the paper's order: Sec. 3, the label hierarchy, the
+hierarchical prompt and its verbalizer (Eq. 1), ZMLCE (Eq. 2) with its gradient (Eq. 8); Sec. 4.1,
+local hierarchies encoded once by the frozen initial encoder, their similarity (Eq. 3); Sec. 4.2, the
+mixing ratio (Eq. 4); Sec. 4.3, Mixup of the slot hidden states (Eqs. 5-6), loss mixing (Eq. 7). Then
+feeding the model, checkpoints, and an appendix: ZMLCE's fused Triton kernels for CUDA. It imports
+nothing of this project's.
 """
 import hashlib
 import json
@@ -26,139 +22,89 @@ import torch.nn.functional as F
 
 
 class Hierarchy:
-    """A label tree. Labels get ids in the order given; depth 1 is the top level.
-
-    `parents` maps each label to its parent (None or 'Root' for a top-level label);
-    `names` gives readable names for the verbalizer (default: the part after the last '/').
-    `lines` (optional) maps a label to the source line that defined it, for error messages.
-    """
+    """A label tree; labels get ids in the order given, depth 1 is the top level. `parents` maps each
+    label to its parent (None or 'Root' at the top), `names` to its name for the verbalizer (default:
+    the part after the last '/'), `lines` to the source line that defined it (for error messages)."""
 
     def __init__(self, parents, names=None, lines=None):
-        lines = lines or {}
+        lines, n = lines or {}, len(parents)
         self.labels = list(parents)
         self.index = {v: i for i, v in enumerate(self.labels)}
-        self.parent = []
+        self.parent, self.depth = [], []
         for v in self.labels:
             p = parents[v]
-            if p in (None, 'Root'):
-                self.parent.append(-1)
-            elif p not in self.index:
+            if p not in (None, 'Root') and p not in self.index:
                 raise ValueError(f"{lines.get(v, 'label ' + repr(v))}: parent {p!r} of {v!r} refers to nothing")
-            else:
-                self.parent.append(self.index[p])
-        self.depth = []
+            self.parent.append(-1 if p in (None, 'Root') else self.index[p])
         for i, v in enumerate(self.labels):
             d, j = 1, self.parent[i]
-            while j >= 0:
+            while j >= 0 and d <= n:  # a chain of more than n labels goes round a cycle
                 d, j = d + 1, self.parent[j]
-                if d > len(self.labels):
-                    raise ValueError(f"{lines.get(v, 'label ' + repr(v))}: cycle through label {v!r}")
+            if d > n:
+                raise ValueError(f"{lines.get(v, 'label ' + repr(v))}: cycle through label {v!r}")
             self.depth.append(d)
         self.num_depths = max(self.depth)
         self.by_depth = [[i for i, d in enumerate(self.depth) if d == k + 1] for k in range(self.num_depths)]
-        names = names or {}
-        self.names = [names.get(v, v.rsplit('/', 1)[-1]).replace('_', ' ') for v in self.labels]
+        self.names = [(names or {}).get(v, v.rsplit('/', 1)[-1]).replace('_', ' ') for v in self.labels]
 
     def __len__(self):
         return len(self.labels)
 
     def path(self, v):
         """The ancestors of label v and v itself, root first."""
-        out = []
-        while v >= 0:
-            out.append(v)
-            v = self.parent[v]
-        return out[::-1]
+        return self.path(self.parent[v]) + [v] if v >= 0 else []
 
     def closure(self, label_ids):
         """The label set closed upward: every ancestor of a gold label is gold too."""
-        out = set()
-        for i in label_ids:
-            while i >= 0 and i not in out:
-                out.add(i)
-                i = self.parent[i]
-        return sorted(out)
-
-    def to_dict(self):
-        return {'labels': self.labels, 'names': self.names,
-                'parents': [self.labels[p] if p >= 0 else None for p in self.parent]}
-
-    @classmethod
-    def from_dict(cls, d):
-        return cls(dict(zip(d['labels'], d['parents'])), dict(zip(d['labels'], d['names'])))
+        return sorted({a for v in label_ids for a in self.path(v)})
 
 
 def template(num_depths, cls_id, sep_id, depth_ids, slot_id):
-    """Sec. 3.2: `[CLS] [D1] [P] [D2] [P] ... [DD] [P] [SEP]`; the text and `[SEP]` follow.
-    The hidden state of the slot after [Dd] sits at position 2d."""
-    ids = [cls_id]
-    for d in range(num_depths):
-        ids += [depth_ids[d], slot_id]
-    return ids + [sep_id]
+    """Sec. 3.2: `[CLS] [D1] [P] [D2] [P] ... [DD] [P] [SEP]`, then the text and `[SEP]`; the slot
+    [P] after [Dd] sits at position 2d."""
+    return [cls_id] + [t for d in range(num_depths) for t in (depth_ids[d], slot_id)] + [sep_id]
 
 # -----------------------------------------------------------------------------
 # Sec. 3: the model, hierarchical prompt with verbalizer (Eq. 1), or the flat BERT ablation
 
 
 class LHMix(nn.Module):
-    """A masked language model with D depth tokens, a slot token and one token per label
-    appended to its vocabulary (ids base_vocab + [labels | depths | slot]).
-
-    arch='prompt': the score of label v at depth d is the MLM head's transform of h^d_[P] dotted
-    with v's (tied input/output) embedding plus a bias, over V^d only (Eq. 1).
-    arch='bert': the paper's flat ablation, [CLS] -> linear over all labels.
-    """
+    """A masked LM with one token per label, D depth tokens and the slot token [P] appended to its
+    vocabulary (ids base_vocab + [labels | depths | slot]). arch='prompt': label v of depth d scores
+    the MLM head's transform of h^d_[P] dotted with v's (tied input/output) embedding, plus a bias,
+    over V^d only (Eq. 1); arch='bert': the paper's flat ablation, [CLS] -> linear over all labels."""
 
     def __init__(self, mlm, hierarchy, arch, base_vocab, special, max_length=512):
         super().__init__()
-        self.max_length = max_length  # tokens per input, template included
         if arch not in ('prompt', 'bert'):
             raise ValueError(f'unknown arch {arch!r} (prompt or bert)')
         self.mlm, self.hierarchy, self.arch, self.base_vocab = mlm, hierarchy, arch, base_vocab
-        self.special = special  # cls, sep, pad, mask token ids of the tokenizer
+        self.special, self.max_length = special, max_length  # cls/sep/pad/mask ids; tokens per input
         V, D = len(hierarchy), hierarchy.num_depths
-        self.depth_ids = [base_vocab + V + d for d in range(D)]
-        self.slot_id = base_vocab + V + D
-        if mlm.get_input_embeddings().num_embeddings != base_vocab + V + D + 1:
-            try:  # transformers >= 4.46 would otherwise mean-initialise rows init_new_tokens overwrites
-                mlm.resize_token_embeddings(base_vocab + V + D + 1, mean_resizing=False)
+        self.depth_ids, self.slot_id = [base_vocab + V + d for d in range(D)], base_vocab + V + D
+        if mlm.get_input_embeddings().num_embeddings != self.slot_id + 1:
+            try:  # transformers >= 4.46 would otherwise mean-initialise rows that build_model overwrites
+                mlm.resize_token_embeddings(self.slot_id + 1, mean_resizing=False)
             except TypeError:
-                mlm.resize_token_embeddings(base_vocab + V + D + 1)
+                mlm.resize_token_embeddings(self.slot_id + 1)
         if hasattr(mlm, 'cls'):  # BERT family: dense -> act -> LayerNorm
             self.transform = mlm.cls.predictions.transform
         elif hasattr(mlm, 'lm_head'):  # RoBERTa family
-            head = mlm.lm_head
-            self.transform = lambda x: head.layer_norm(F.gelu(head.dense(x)))
+            self.transform = lambda x, head=mlm.lm_head: head.layer_norm(F.gelu(head.dense(x)))
         else:
             raise ValueError(f'{type(mlm).__name__}: only BERT- and RoBERTa-style MLM heads are supported')
         if arch == 'prompt':
             self.label_bias = nn.Parameter(torch.zeros(V))
             self.prefix = template(D, special['cls'], special['sep'], self.depth_ids, self.slot_id)
-            valid = torch.tensor([[hierarchy.depth[v] == d + 1 for v in range(V)] for d in range(D)])
+            valid = torch.arange(1, D + 1)[:, None] == torch.tensor(hierarchy.depth)
         else:
-            self.prefix = [special['cls']]
-            self.classifier = nn.Linear(mlm.config.hidden_size, V)
+            self.prefix, self.classifier = [special['cls']], nn.Linear(mlm.config.hidden_size, V)
             valid = torch.ones(1, V, dtype=torch.bool)
         self.register_buffer('valid', valid, persistent=False)  # (rows, V): labels each row scores
 
-    def init_new_tokens(self, tokenizer):
-        """Label tokens start as the mean word-piece embedding of the label's name (Eq. 1);
-        depth tokens are random, as the paper says; the slot starts as [MASK] (as the authors' code)."""
-        emb = self.mlm.get_input_embeddings().weight
-        std = self.mlm.config.initializer_range
-        with torch.no_grad():
-            for v, ids in enumerate(self.name_ids(tokenizer)):
-                emb[self.base_vocab + v] = emb[ids].mean(0)
-            for d in self.depth_ids:
-                emb[d].normal_(0.0, std)
-            emb[self.slot_id] = emb[self.special['mask']]
-
     def name_ids(self, tokenizer):
-        out = []
-        for name in self.hierarchy.names:
-            ids = tokenizer(name, add_special_tokens=False)['input_ids']
-            out.append(ids or [tokenizer.unk_token_id])
-        return out
+        return [tokenizer(name, add_special_tokens=False)['input_ids'] or [tokenizer.unk_token_id]  # never empty
+                for name in self.hierarchy.names]
 
     def label_embeddings(self):
         return self.mlm.get_input_embeddings().weight[self.base_vocab:self.base_vocab + len(self.hierarchy)]
@@ -172,9 +118,7 @@ class LHMix(nn.Module):
 
     def slots(self, hidden):
         """(B, rows, H): the [P] slot of each depth (positions 2, 4, ..., 2D), or [CLS] for bert."""
-        if self.arch == 'prompt':
-            return hidden[:, 2:2 * len(self.depth_ids) + 1:2]
-        return hidden[:, :1]
+        return hidden[:, 2:2 * len(self.depth_ids) + 1:2] if self.arch == 'prompt' else hidden[:, :1]
 
     def score(self, slot_hidden):
         """Eq. 1: (B, rows, V) label scores p^d; only `self.valid` entries are meaningful."""
@@ -189,14 +133,11 @@ class LHMix(nn.Module):
     def mlm_loss(self, hidden, positions, labels):
         """HPT's auxiliary MLM loss, with the head run only at the masked positions."""
         x = hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions)
-        logits = self.mlm.get_output_embeddings()(self.transform(x))
-        return F.cross_entropy(logits.float(), labels)
+        return F.cross_entropy(self.mlm.get_output_embeddings()(self.transform(x)).float(), labels)
 
-    def forward(self, input_ids, attention_mask, targets, partner=None, lam=None, mlm_pos=None, mlm_labels=None,
-                rows='depth'):
-        """The training loss: ZMLCE (Eq. 2), with Mixup (Eqs. 5-7) when `partner`/`lam` are given;
-        see `training_loss` in Sec. 4.3."""
-        return training_loss(self, input_ids, attention_mask, targets, partner, lam, mlm_pos, mlm_labels, rows)
+    def forward(self, *args, **kwargs):
+        """The training loss, ZMLCE (Eq. 2), with Mixup (Eqs. 5-7) given partners: `training_loss`."""
+        return training_loss(self, *args, **kwargs)
 
     @torch.no_grad()
     def label_scores(self, input_ids, attention_mask):
@@ -204,130 +145,66 @@ class LHMix(nn.Module):
         return self.per_label(self.score(self.slots(self.encode(input_ids, attention_mask)))).float()
 
 
-def load_pretrained(name):
-    """(masked LM, tokenizer) of a pretrained BERT- or RoBERTa-style model: a local folder or a hub
-    id. Never runs code from the folder (trust_remote_code=False, and a folder whose config asks for
-    custom code is refused). A name that can only be a path fails at once when it is not a folder."""
-    from safetensors import SafetensorError
-    from transformers import AutoModelForMaskedLM, AutoTokenizer
-    path = os.path.expanduser(name)
-    first = path.replace('\\', '/').split('/')[0]
-    looks_local = os.path.isabs(path) or name.startswith(('.', '~')) or path.count('/') > 1 or (
-        '/' in path and os.path.isdir(first)) or os.path.exists(path)
-    if looks_local and not os.path.isdir(path):
-        raise ValueError(f'--model {name!r}: ' + ('not a folder' if os.path.exists(path) else 'no such folder'))
-    if looks_local:
-        name = path
-        _refuse_remote_code(name)
-        files = os.listdir(name)
-        if 'config.json' not in files or not any(f.endswith(('.safetensors', '.bin')) for f in files):
-            raise ValueError(f'{name}: no model files (config.json and *.safetensors or *.bin) in this folder')
-        if not {'tokenizer.json', 'vocab.txt', 'vocab.json'} & set(files):
-            raise ValueError(f'{name}: no tokenizer files (tokenizer.json, vocab.txt or vocab.json) in this folder')
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
-        mlm = AutoModelForMaskedLM.from_pretrained(name, trust_remote_code=False)
-    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:
-        why = ' '.join(str(e).split())  # one line
-        hint = '' if looks_local else ' (not a local folder; without internet, pass a local folder or --model tiny)'
-        raise ValueError(f'could not load model {name!r}{hint}: {why}') from None
-    return mlm.float(), tokenizer  # fp32 master weights even from an fp16 checkpoint; autocast does the rest
-
-
-def _refuse_remote_code(folder):
-    """A config.json or tokenizer_config.json with `auto_map` asks transformers to run Python files
-    from the folder: refused, whatever trust_remote_code says and without asking."""
-    for name in ('config.json', 'tokenizer_config.json'):
-        path = os.path.join(folder, name)
-        try:
-            with open(path, encoding='utf-8') as f:
-                config = json.load(f)
-        except (OSError, ValueError):
-            continue  # missing or unreadable: reported where it is loaded
-        if isinstance(config, dict) and 'auto_map' in config:
-            raise ValueError(f'{path}: asks to run custom code (auto_map); refused')
-
-
 def build_model(mlm, tokenizer, hierarchy, arch, max_length=512):
-    """A fresh LHMix around a pretrained masked LM, with its new tokens initialised (Eq. 1)."""
+    """A fresh LHMix around a pretrained masked LM. Label tokens start as the mean word-piece embedding
+    of their name (Eq. 1), depth tokens random (the paper), the slot as [MASK] (the authors' code)."""
     special = {'cls': tokenizer.cls_token_id, 'sep': tokenizer.sep_token_id,
                'pad': tokenizer.pad_token_id, 'mask': tokenizer.mask_token_id}
     model = LHMix(mlm, hierarchy, arch, len(tokenizer), special, max_length)
-    model.init_new_tokens(tokenizer)
+    emb = mlm.get_input_embeddings().weight
+    with torch.no_grad():
+        for v, ids in enumerate(model.name_ids(tokenizer)):
+            emb[model.base_vocab + v] = emb[ids].mean(0)
+        for d in model.depth_ids:
+            emb[d].normal_(0.0, mlm.config.initializer_range)
+        emb[model.slot_id] = emb[special['mask']]
     return model
 
 
 # -----------------------------------------------------------------------------
-# Sec. 3: ZMLCE (Eq. 2) and its gradient (Eq. 8), in torch; fused kernels for CUDA in the appendix
+# Sec. 3: ZMLCE (Eq. 2) and its gradient (Eq. 8), in torch (on CUDA: the appendix's kernels)
 
 
 def _signed(scores, targets, valid):
-    """x = -s for positives, +s for negatives, -inf outside the row's valid labels."""
+    """x = -s for positives, +s for negatives, -inf outside the row's valid labels; fp32 at least."""
     s = scores.to(torch.promote_types(scores.dtype, torch.float32))
     pos = targets.bool()
     x = torch.where(pos, -s, s)
-    if valid is not None:
-        x = x.masked_fill(~valid, -math.inf)
-    return x, pos
-
-
-def _zmlce_forward(scores, targets, valid):
-    """log(1 + sum e^x) over the positives and over the negatives, each shifted by its own max so
-    any magnitude stays finite; one exp over the row serves both sums."""
-    x, pos = _signed(scores, targets, valid)
-    ninf = torch.tensor(-math.inf, dtype=x.dtype, device=x.device)
-    m_pos = torch.where(pos, x, ninf).amax(-1, keepdim=True).clamp_min(0)
-    m_neg = torch.where(pos, ninf, x).amax(-1, keepdim=True).clamp_min(0)
-    e = torch.exp(x - torch.where(pos, m_pos, m_neg))
-    zero = torch.zeros((), dtype=x.dtype, device=x.device)
-    s_pos = torch.where(pos, e, zero).sum(-1, keepdim=True)
-    s_neg = torch.where(pos, zero, e).sum(-1, keepdim=True)
-    return m_pos + torch.log(torch.exp(-m_pos) + s_pos), m_neg + torch.log(torch.exp(-m_neg) + s_neg)
-
-
-def _zmlce_backward(scores, targets, valid, lse_pos, lse_neg, grad):
-    """Eq. 8's closed form: d/ds_k = e^{s_k - lse_neg} (negatives), -e^{-s_k - lse_pos} (positives)."""
-    x, pos = _signed(scores, targets, valid)
-    p = torch.exp(x - torch.where(pos, lse_pos, lse_neg))  # 0 outside the valid labels
-    return (torch.where(pos, -p, p) * grad.unsqueeze(-1)).to(scores.dtype)
+    return (x if valid is None else x.masked_fill(~valid, -math.inf)), pos
 
 
 class ZMLCE(torch.autograd.Function):
-    """Eq. 2 per row: log(1 + sum_{neg} e^{s}) + log(1 + sum_{pos} e^{-s}), over valid labels.
-    No concatenation, boolean indexing or host synchronisation (CUDA-graph and torch.compile
-    friendly). Saves only its inputs and two numbers per row; the backward is the closed form.
-    On CUDA the forward and the backward are each one fused kernel."""
+    """Eq. 2 per row: log(1 + sum_{neg} e^{s}) + log(1 + sum_{pos} e^{-s}) over the valid labels, as two
+    log-sum-exps, each shifted by its own max so that any magnitude stays finite. No concatenation,
+    boolean indexing or host sync (CUDA graphs, torch.compile); saves its inputs and two numbers per row."""
 
     @staticmethod
     def forward(ctx, scores, targets, valid):
-        ctx.fused = scores.is_cuda and triton is not None and scores.dtype != torch.float64
-        if not ctx.fused:
-            lse_pos, lse_neg = _zmlce_forward(scores, targets, valid)
-            ctx.save_for_backward(scores, targets, valid, lse_pos, lse_neg)
-            return (lse_pos + lse_neg).squeeze(-1)
-        shape = scores.shape
-        s, t = _rows(scores, shape), _rows(targets.bool(), shape)
-        v = _rows(valid.bool(), shape) if valid is not None else None
-        lse = torch.empty(s.shape[0], 2, device=s.device, dtype=torch.float32)
-        _launch(_zmlce_fwd_kernel, s, t, v, lse)
-        ctx.save_for_backward(s, t, v, lse)
-        ctx.shape = shape
-        return lse.sum(-1).view(shape[:-1])
+        x, pos = _signed(scores, targets, valid)
+        ninf, zero = torch.tensor(-math.inf, dtype=x.dtype, device=x.device), x.new_zeros(())
+        m_pos = torch.where(pos, x, ninf).amax(-1, keepdim=True).clamp_min(0)
+        m_neg = torch.where(pos, ninf, x).amax(-1, keepdim=True).clamp_min(0)
+        e = torch.exp(x - torch.where(pos, m_pos, m_neg))  # one exp serves both sums
+        lse_pos = m_pos + torch.log(torch.exp(-m_pos) + torch.where(pos, e, zero).sum(-1, keepdim=True))
+        lse_neg = m_neg + torch.log(torch.exp(-m_neg) + torch.where(pos, zero, e).sum(-1, keepdim=True))
+        ctx.save_for_backward(scores, targets, valid, lse_pos, lse_neg)
+        return (lse_pos + lse_neg).squeeze(-1)
 
     @staticmethod
     def backward(ctx, grad):
-        if not ctx.fused:
-            return _zmlce_backward(*ctx.saved_tensors, grad), None, None
-        s, t, v, lse = ctx.saved_tensors
-        gs = torch.empty_like(s)
-        _launch(_zmlce_bwd_kernel, s, t, v, lse, grad.float().reshape(-1).contiguous(), gs)
-        return gs.view(ctx.shape), None, None
+        """Eq. 8's closed form: d/ds_k = e^{s_k - lse_neg} (negatives), -e^{-s_k - lse_pos} (positives)."""
+        scores, targets, valid, lse_pos, lse_neg = ctx.saved_tensors
+        x, pos = _signed(scores, targets, valid)
+        p = torch.exp(x - torch.where(pos, lse_pos, lse_neg))  # 0 outside the valid labels
+        return (torch.where(pos, -p, p) * grad.unsqueeze(-1)).to(scores.dtype), None, None
 
 
 def zmlce(scores, targets, valid=None):
     """Eq. 2: one loss per row of `scores` (..., L); `targets` (0/1) and `valid` (bool) broadcast to it."""
     if valid is not None:
         valid = valid.to(scores.device)
+    if scores.is_cuda and triton is not None and scores.dtype != torch.float64:
+        return FusedZMLCE.apply(scores, targets, valid)  # the appendix
     return ZMLCE.apply(scores, targets, valid)
 
 
@@ -338,23 +215,18 @@ def zmlce(scores, targets, valid=None):
 def local_hierarchy_ids(model, label_ids, name_ids):
     """Sec. 4.1: the gold labels as a sequence `[CLS] [D1] <names at depth 1> [D2] ... [SEP]`."""
     ids = [model.special['cls']]
-    for d, depth_id in enumerate(model.depth_ids):
-        ids.append(depth_id)
-        for v in label_ids:
-            if model.hierarchy.depth[v] == d + 1:
-                ids += name_ids[v]
+    for d, depth_id in enumerate(model.depth_ids, 1):
+        ids += [depth_id] + [t for v in label_ids if model.hierarchy.depth[v] == d for t in name_ids[v]]
     return ids + [model.special['sep']]
 
 
 @torch.no_grad()
 def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
-    """[CLS] embeddings of every distinct local hierarchy, by the model as it is now (call it before
-    training: the paper's frozen copy of the initial encoder). The encoder is frozen and deterministic,
-    so each hierarchy is encoded once and looked up per step. Returns (table (U, H), index (N,)),
-    both on the CPU: a step's rows travel with its batch."""
+    """[CLS] embeddings of the distinct local hierarchies by the model as it is now. Called before
+    training, it is the paper's frozen initial encoder: deterministic, so each is encoded once. Returns
+    (table (U, H), each set's row (N,)) on the CPU: a step's rows travel with its batch."""
     keys = [tuple(sorted(s)) for s in label_sets]
     distinct = sorted(set(keys))
-    row = {k: i for i, k in enumerate(distinct)}
     name_ids = model.name_ids(tokenizer)
     seqs = [local_hierarchy_ids(model, k, name_ids) for k in distinct]
     device, was_training = next(model.parameters()).device, model.training
@@ -364,6 +236,7 @@ def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
         ids, mask = pad(seqs[i:i + batch_size], model.special['pad'], 1)
         out.append(model.encode(ids.to(device), mask.to(device))[:, 0].float())
     model.train(was_training)
+    row = {k: i for i, k in enumerate(distinct)}
     return torch.cat(out).cpu(), torch.tensor([row[k] for k in keys])
 
 
@@ -387,10 +260,9 @@ def mixup_ratio(s, alpha, beta):
 
 
 def pair_ratios(mix, partner, hier=None, alpha=1.0, beta=0.75, mix_alpha=1.0):
-    """One lambda per document of a batch, for its `partner` (positions in the batch): from Eqs. 3-4
-    ('lhmix'; `hier` (B, H) holds the cached local-hierarchy embeddings of the batch) or from
-    Beta(a, a) folded to max(lambda, 1 - lambda) ('mixup', the vanilla ablation). A few numbers per
-    batch: made on the CPU, they reach the GPU with the batch and cost the step no kernel launch."""
+    """One lambda per document of a batch for its `partner` (a position in the batch): by Eqs. 3-4 from
+    `hier` (B, H), the batch's local-hierarchy embeddings ('lhmix'), or Beta(a, a) folded to
+    max(lambda, 1 - lambda) ('mixup', the vanilla ablation). Made on the CPU: no kernel launch."""
     if mix == 'lhmix':
         return mixup_ratio(hierarchy_similarity(hier, hier[partner]), alpha, beta)
     if mix != 'mixup':
@@ -410,14 +282,12 @@ def _per_row(lam, like):
 
 
 def mix_hidden(h_i, h_j, lam):
-    """Eq. 5: h~ = lambda h_i + (1 - lambda) h_j = lerp(h_j, h_i, lambda), one lambda per row of the
-    batch, computed in fp32."""
+    """Eq. 5: h~ = lambda h_i + (1 - lambda) h_j = lerp(h_j, h_i, lambda), one lambda per row, in fp32."""
     return torch.lerp(h_j.float(), h_i.float(), _per_row(lam.float(), h_i)).to(h_i.dtype)
 
 
 def mixed_zmlce(scores, targets_i, targets_j, lam, valid=None):
-    """Eq. 7: lambda L(p~, y_i) + (1 - lambda) L(p~, y_j), one lambda per pair (the authors' code
-    multiplies by a (B,1,1) lambda that broadcasts into a batch mean; the paper's form is per pair)."""
+    """Eq. 7: lambda L(p~, y_i) + (1 - lambda) L(p~, y_j), one lambda per pair (not a batch mean)."""
     loss_i, loss_j = zmlce(scores, targets_i, valid), zmlce(scores, targets_j, valid)
     lam = _per_row(lam.float(), loss_i)
     return lam * loss_i + (1 - lam) * loss_j
@@ -660,20 +530,11 @@ def classify(model, tokenizer, texts):
 
 
 # -----------------------------------------------------------------------------
-# Checkpoints: safetensors + JSON, no pickle; written so that a kill at any instant leaves the
-# previous or the new checkpoint whole; every file checked by size and SHA-256 when loaded
+# Checkpoints: safetensors + JSON, no pickle. A kill at any instant leaves the old checkpoint or the
+# new one whole; loading checks lhmix.json by its own hash and every file by size and SHA-256.
 
 CHECKPOINT_META = 'lhmix.json'
-META_HASH = 'meta_sha256'  # lhmix.json's own hash, of its other keys: a garbled but parseable file is refused too
-
-
-def _crash_point(step, folder):
-    """Tests kill the process here to check that every instant of a write is safe: LHMIX_CRASH_AT=step
-    (written, linked or switched) kills at that step of any save, LHMIX_CRASH_AT=name:step only in
-    a save of the checkpoint folder called `name` (best, last)."""
-    at = os.environ.get('LHMIX_CRASH_AT')
-    if at in (step, f'{os.path.basename(folder)}:{step}'):
-        os.kill(os.getpid(), 9)
+META_HASH = 'meta_sha256'  # lhmix.json's hash of its other keys: a garbled but parseable file is refused too
 
 
 def _digest(path):
@@ -689,7 +550,7 @@ def _meta_hash(meta):
     return hashlib.sha256(text.encode('utf-8')).hexdigest()
 
 
-def _fsync(path):
+def _fsync(path):  # a file or a folder
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -697,19 +558,23 @@ def _fsync(path):
         os.close(fd)
 
 
+def _crash_point(step, folder):
+    """For the tests: LHMIX_CRASH_AT=step, or name:step for the folder `name` only, kills a save there."""
+    if os.environ.get('LHMIX_CRASH_AT') in (step, f'{os.path.basename(folder)}:{step}'):
+        os.kill(os.getpid(), 9)
+
+
 def save_checkpoint(folder, model, tokenizer, info, train_state=None):
-    """Writes the checkpoint `folder` (model.safetensors, the HF config and tokenizer files,
-    lhmix.json: hierarchy, token ids, max_length, the size and hash of every file, and `info`; with
-    `train_state`, a dict of tensors for --resume, train_state.pt read back with weights_only=True).
-    The files go into a new version folder `folder.ckpt-*`; then the symbolic link `folder` is
-    switched to it by one atomic rename, and older versions are removed. Files get the umask's modes.
-    Weights that are not finite are refused (FloatingPointError): nothing is written."""
+    """Writes model.safetensors, the HF config and tokenizer files, train_state.pt (`train_state`: tensors
+    for --resume) and lhmix.json (what rebuilds the LHMix, `info`, every file's size and SHA-256) into a
+    new version folder `folder.ckpt-*` with the umask's modes, switches the symbolic link `folder` to it
+    by one atomic rename, and removes older versions. Non-finite weights are refused, nothing written."""
     from safetensors.torch import save_model
     bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
     if bad:
         raise FloatingPointError(f'the weights are not finite ({bad[0]}{" and others" if len(bad) > 1 else ""}); '
                                  f'{folder} is not saved (try a lower --lr)')
-    folder = os.path.abspath(folder)
+    folder, h = os.path.abspath(folder), model.hierarchy
     parent, base = os.path.split(folder)
     os.makedirs(parent, exist_ok=True)
     version = os.path.join(parent, f'{base}.ckpt-{os.urandom(6).hex()}')
@@ -720,54 +585,49 @@ def save_checkpoint(folder, model, tokenizer, info, train_state=None):
         tokenizer.save_pretrained(version)
         if train_state is not None:
             torch.save(train_state, os.path.join(version, 'train_state.pt'))
+        parents = [h.labels[p] if p >= 0 else None for p in h.parent]
         meta = {'arch': model.arch, 'base_vocab': model.base_vocab, 'special': model.special,
-                'max_length': model.max_length, 'hierarchy': model.hierarchy.to_dict(),
+                'max_length': model.max_length, 'hierarchy': {'labels': h.labels, 'names': h.names, 'parents': parents},
                 'files': {f: _digest(os.path.join(version, f)) for f in sorted(os.listdir(version))}, **info}
-        meta[META_HASH] = _meta_hash(meta)
         with open(os.path.join(version, CHECKPOINT_META), 'w', encoding='utf-8') as f:
-            json.dump(meta, f, indent=1)
+            json.dump({**meta, META_HASH: _meta_hash(meta)}, f, indent=1)
         mask = os.umask(0)
         os.umask(mask)
-        for f in os.listdir(version):  # the umask's modes (safetensors writes 0600, mkdir may differ)
-            os.chmod(os.path.join(version, f), 0o666 & ~mask)
-            _fsync(os.path.join(version, f))
-        os.chmod(version, 0o777 & ~mask)
-        _fsync(version)
+        for path in [os.path.join(version, f) for f in os.listdir(version)] + [version]:
+            os.chmod(path, (0o777 if path == version else 0o666) & ~mask)  # safetensors writes 0600
+            _fsync(path)
     except BaseException:
         shutil.rmtree(version, ignore_errors=True)
         raise
     _crash_point('written', folder)
-    link = folder + '.link'
-    if os.path.lexists(link):
-        os.remove(link)
-    os.symlink(os.path.basename(version), link)
+    if os.path.lexists(folder + '.link'):
+        os.remove(folder + '.link')
+    os.symlink(os.path.basename(version), folder + '.link')
     _crash_point('linked', folder)
     if os.path.isdir(folder) and not os.path.islink(folder):  # a plain folder (copied by hand): set aside
         os.replace(folder, f'{folder}.ckpt-{os.urandom(6).hex()}')
-    os.replace(link, folder)  # atomic: `folder` names the old version or the new, never nothing
+    os.replace(folder + '.link', folder)  # atomic: `folder` names the old version or the new, never nothing
     _fsync(parent)
     _crash_point('switched', folder)
     tidy_checkpoint(folder)
 
 
 def tidy_checkpoint(folder):
-    """Removes what a save_checkpoint killed halfway left beside `folder`: the temporary link and
-    the version folders `folder` does not point to (all of them if it points to none)."""
+    """Removes what a killed save_checkpoint left beside `folder`: the temporary link and the version
+    folders `folder` does not point to (all of them if it points to none)."""
     folder = os.path.abspath(folder)
     parent, base = os.path.split(folder)
-    if not os.path.isdir(parent):
-        return
     keep = os.path.basename(os.readlink(folder)) if os.path.islink(folder) else None
     if os.path.lexists(folder + '.link'):
         os.remove(folder + '.link')
-    for f in os.listdir(parent):
+    for f in os.listdir(parent) if os.path.isdir(parent) else []:
         if f.startswith(base + '.ckpt-') and f != keep:
             shutil.rmtree(os.path.join(parent, f), ignore_errors=True)
 
 
 def read_checkpoint_meta(folder):
-    """lhmix.json of a checkpoint, after checking it (its own hash) and every file it lists (size and
-    SHA-256); a checkpoint without its weights, config or tokenizer files is refused."""
+    """lhmix.json of a checkpoint, checked by its own hash, after checking every file it lists (size
+    and SHA-256); a checkpoint without its weights, config or tokenizer files is refused."""
     path = os.path.join(folder, CHECKPOINT_META)
     if not os.path.isdir(folder):
         raise FileNotFoundError(f'{folder}: no such checkpoint folder')
@@ -778,22 +638,18 @@ def read_checkpoint_meta(folder):
             meta = json.load(f)
         if not isinstance(meta, dict) or not isinstance(meta.get('files'), dict):
             raise TypeError('no table of files')
-        for key in ('arch', 'base_vocab', 'special', 'max_length', 'hierarchy'):
+        for key in ('arch', 'base_vocab', 'special', 'max_length', 'hierarchy', META_HASH):
             meta[key]
-        if META_HASH not in meta:
-            raise KeyError(META_HASH)
         ok = meta[META_HASH] == _meta_hash(meta)
     except (ValueError, KeyError, TypeError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise ValueError(f'{path}: corrupt or not written by this version ({type(e).__name__}: {e})') from None
     if not ok:
         raise ValueError(f'{path}: altered or corrupt (its content does not match its {META_HASH})')
-    files = meta['files']
-    for name in ('model.safetensors', 'config.json'):
-        if name not in files:
-            raise ValueError(f'{path}: lists no {name}')
-    if not {'tokenizer.json', 'tokenizer_config.json', 'vocab.txt', 'vocab.json'} & set(files):
-        raise ValueError(f'{path}: lists no tokenizer files')
-    for name, want in files.items():
+    for what, names in (('model.safetensors', {'model.safetensors'}), ('config.json', {'config.json'}),
+                        ('tokenizer files', {'tokenizer.json', 'tokenizer_config.json', 'vocab.txt', 'vocab.json'})):
+        if not names & set(meta['files']):
+            raise ValueError(f'{path}: lists no {what}')
+    for name, want in meta['files'].items():
         p = os.path.join(folder, name)
         if os.path.basename(name) != name or name in ('', '.', '..'):
             raise ValueError(f'{path}: file name {name!r} outside the checkpoint')
@@ -804,22 +660,35 @@ def read_checkpoint_meta(folder):
     return meta
 
 
+def refuse_remote_code(folder):
+    """A config.json or tokenizer_config.json with `auto_map` asks transformers to run Python files from
+    the folder: refused, whatever trust_remote_code says and without asking."""
+    for path in (os.path.join(folder, 'config.json'), os.path.join(folder, 'tokenizer_config.json')):
+        try:
+            with open(path, encoding='utf-8') as f:
+                config = json.load(f)
+        except (OSError, ValueError):
+            continue  # missing or unreadable: reported where it is loaded
+        if isinstance(config, dict) and 'auto_map' in config:
+            raise ValueError(f'{path}: asks to run custom code (auto_map); refused')
+
+
 def load_checkpoint(folder, device='cpu', hierarchy=None):
-    """(model, tokenizer, meta) from a folder written by save_checkpoint, every file checked first;
-    with `hierarchy`, also checks that the checkpoint's labels are those of the data. Runs no code
-    from the folder (trust_remote_code=False, and a config with `auto_map` is refused)."""
+    """(model, tokenizer, meta) of a checkpoint, every file checked first; with `hierarchy`, its labels
+    must be those of the data. Runs no code from the folder (trust_remote_code=False, no auto_map)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_model
     from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
     meta = read_checkpoint_meta(folder)
-    _refuse_remote_code(folder)
-    if hierarchy is not None and meta['hierarchy']['labels'] != hierarchy.labels:
+    refuse_remote_code(folder)
+    h = meta['hierarchy']
+    if hierarchy is not None and h['labels'] != hierarchy.labels:
         raise ValueError(f'{folder}: its labels differ from those of the data')
     try:
         config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
         mlm = AutoModelForMaskedLM.from_config(config, trust_remote_code=False)
-        model = LHMix(mlm, Hierarchy.from_dict(meta['hierarchy']), meta['arch'], meta['base_vocab'],
-                      meta['special'], meta['max_length'])
+        model = LHMix(mlm, Hierarchy(dict(zip(h['labels'], h['parents'])), dict(zip(h['labels'], h['names']))),
+                      meta['arch'], meta['base_vocab'], meta['special'], meta['max_length'])
         load_model(model, os.path.join(folder, 'model.safetensors'), device=str(device))
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as e:
@@ -829,12 +698,9 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
 
 
 # -----------------------------------------------------------------------------
-# Appendix: ZMLCE as one fused Triton kernel each way, for CUDA (the torch code above is the
-# reference and the CPU path)
+# Appendix: ZMLCE as one fused Triton kernel each way, for CUDA (ZMLCE above is the reference)
 
-
-
-try:  # on CUDA, one Triton kernel each way; the torch code above is the CPU path and the reference
+try:
     import triton
     import triton.language as tl
 except ImportError:
@@ -885,9 +751,28 @@ def _rows(x, shape):
     return x.view(torch.uint8) if x.dtype == torch.bool else x
 
 
-def _launch(kernel, scores, targets, valid, *out):
-    L = scores.shape[-1]
-    block = min(triton.next_power_of_2(L), 4096)
-    kernel[(scores.shape[0],)](scores, targets, valid if valid is not None else targets, *out, L,
-                               HAS_VALID=valid is not None, BLOCK=block, num_warps=4 if block <= 1024 else 8)
+def _launch(kernel, s, t, v, *out):
+    block = min(triton.next_power_of_2(s.shape[1]), 4096)
+    kernel[(s.shape[0],)](s, t, v if v is not None else t, *out, s.shape[1],
+                          HAS_VALID=v is not None, BLOCK=block, num_warps=4 if block <= 1024 else 8)
 
+
+class FusedZMLCE(torch.autograd.Function):
+    """ZMLCE (Eq. 2, Eq. 8) by the kernels above, one program per row of its inputs as (rows, L)."""
+
+    @staticmethod
+    def forward(ctx, scores, targets, valid):
+        ctx.shape = shape = scores.shape
+        s, t = _rows(scores, shape), _rows(targets.bool(), shape)
+        v = _rows(valid.bool(), shape) if valid is not None else None
+        lse = torch.empty(s.shape[0], 2, device=s.device, dtype=torch.float32)
+        _launch(_zmlce_fwd_kernel, s, t, v, lse)
+        ctx.save_for_backward(s, t, v, lse)
+        return lse.sum(-1).view(shape[:-1])
+
+    @staticmethod
+    def backward(ctx, grad):
+        s, t, v, lse = ctx.saved_tensors
+        gs = torch.empty_like(s)
+        _launch(_zmlce_bwd_kernel, s, t, v, lse, grad.float().reshape(-1).contiguous(), gs)
+        return gs.view(ctx.shape), None, None

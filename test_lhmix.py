@@ -1048,7 +1048,7 @@ def hf_folder(folder):
 @pytest.mark.parametrize('make_evil', [_config_auto_map, _tokenizer_auto_map])
 def test_model_folder_asking_for_custom_code_refused_without_prompt(tmp_path, no_prompt, make_evil):
     folder = hf_folder(tmp_path / 'model')
-    lhmix.load_pretrained(str(folder))  # the folder as saved loads
+    data.load_pretrained(str(folder))  # the folder as saved loads
     path = make_evil(folder)
     out = tmp_path / 'out'
     msg = error_of(lambda: train.main(['--data', 'demo', '--model', str(folder), '--device', 'cpu',

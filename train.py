@@ -127,7 +127,7 @@ def setup(args):
         model, tokenizer, _ = lhmix.load_checkpoint(os.path.join(args.out, 'last'), hierarchy=hierarchy)
     else:
         mlm, tokenizer = (data.tiny_bert([t for t, _ in train] + hierarchy.names) if args.model == 'tiny'
-                          else lhmix.load_pretrained(args.model))
+                          else data.load_pretrained(args.model))
         model = lhmix.build_model(mlm, tokenizer, hierarchy, args.arch, args.max_length)
     max_text = model.text_budget(args.max_length)
     if not 0 < max_text <= model.text_budget(model.mlm.config.max_position_embeddings):
