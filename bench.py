@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 import lhmix
+import train
 
 SIZES = {'base': dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
                       vocab_size=30522),
@@ -85,7 +86,6 @@ def _pad_len(model, n, multiple):
 
 def trainer(model, graphs):
     """train.py's step for `model` (its own Adam): eager, or replayed from CUDA graphs."""
-    import train
     device = next(model.parameters()).device
     opt = torch.optim.Adam(model.parameters(), lr=1e-5, fused=device.type == 'cuda', capturable=graphs)
     return train.make_step(model, opt, torch.amp.GradScaler(device.type, enabled=False), 'depth', graphs)
@@ -223,19 +223,19 @@ def eval_throughput(model, args, device, rng, graphs):
     from CUDA graphs, each after a first pass (which captures the graphs: its time is reported)."""
     def speed(scorer):
         t0 = time.perf_counter()
-        lhmix.score_documents(model, docs, graphs=scorer)
+        lhmix.score_documents(model, docs, scorer=scorer)
         if device.type == 'cuda':
             torch.cuda.synchronize()
         first = time.perf_counter() - t0
         t0 = time.perf_counter()
-        lhmix.score_documents(model, docs, graphs=scorer)
+        lhmix.score_documents(model, docs, scorer=scorer)
         if device.type == 'cuda':
             torch.cuda.synchronize()
         return len(docs) / (time.perf_counter() - t0), first
     docs = documents(args.eval_docs, args.lengths, SIZES[args.size]['vocab_size'], model.text_budget(512), rng)
     out = {'eager': speed(None)}
     if graphs:
-        scorer = lhmix.CUDAGraphs(model.label_scores)
+        scorer = train.CUDAGraphs(model.label_scores)
         out['graphed'] = speed(scorer)
         out['graphs'] = len(scorer.graphs)
     return out
@@ -251,7 +251,6 @@ def epoch_run(args, device, graphs):
     own train_epoch (lhmix.train_batches, make_batch, train.make_step, lhmix.score_documents). With
     `graphs`, two epochs: the first captures the graphs, the second replays them (and any new shape)."""
     import argparse as ap
-    import train
     rng = np.random.default_rng(5)
     model = make_model(args.size, 'prompt', device)
     n_train, n_dev = max(32, int(30070 * args.epoch_scale)), max(16, int(7518 * args.epoch_scale))
@@ -266,7 +265,7 @@ def epoch_run(args, device, graphs):
     run = ap.Namespace(args=targs, device=device, hierarchy=model.hierarchy, model=model, tokens=tokens,
                        labels=labels, dev_gold=dev_gold, table=torch.randn(64, model.mlm.config.hidden_size),
                        rows=torch.from_numpy(rng.integers(0, 64, n_train)), graphs=graphs, step=step,
-                       score_graphs=lhmix.CUDAGraphs(model.label_scores) if graphs else None)
+                       score_graphs=train.CUDAGraphs(model.label_scores) if graphs else None)
     times, counts = [], []
     for epoch in range(2 if graphs else 1):
         t0 = time.perf_counter()
@@ -332,7 +331,7 @@ def main():
     import transformers
     print(f'device: {name}; torch {torch.__version__}, transformers {transformers.__version__}; '
           f'size {args.size}, lengths {args.lengths}, batch {args.batch}, {args.steps} steps x {args.rounds} rounds')
-    why_not = lhmix.cuda_graphs_unavailable(device)
+    why_not = train.cuda_graphs_unavailable(device)
     graphs = args.graphs == 'on' or (args.graphs == 'auto' and why_not is None)
     compiled = graphs and (args.compile == 'on' or (args.compile == 'auto' and device.type == 'cuda'))
     if not graphs:

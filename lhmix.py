@@ -320,7 +320,8 @@ def training_loss(model, input_ids, attention_mask, targets, partner=None, lam=N
 
 
 def mlm_capacity(batch_size, seq_len, rate):
-    """A fixed count of masked-LM positions per batch shape (B, T), for CUDA graphs (static shapes):
+    """A fixed count of masked-LM positions per batch shape (B, T), for CUDA graphs (train.py), which
+    need static shapes:
     the mean count at `rate` over all B*T positions plus 8 standard deviations, rounded up to 64 (a
     batch masks more with probability < 1e-15; `make_batch` then takes a multiple of it)."""
     n = batch_size * seq_len
@@ -432,61 +433,19 @@ def pad_multiple(device):
 
 def autocast(device):
     """bf16 autocast on GPUs that have it, fp16 otherwise (V100); fp32 on CPU. No cast cache: CUDA
-    graphs forbid it, and each weight is cast once per step anyway."""
+    graphs (train.py) forbid it, and each weight is cast once per step anyway."""
     if device.type != 'cuda':
         return torch.autocast('cpu', enabled=False)
     dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.autocast('cuda', dtype=dtype, cache_enabled=False)
 
 
-def cuda_graphs_unavailable(device):
-    """Why CUDA graphs cannot run the steps on `device`, or None when they can."""
-    import transformers
-    if device.type != 'cuda':
-        return 'not a CUDA device'
-    if not torch.cuda.is_bf16_supported():
-        return 'no bf16 on this GPU (fp16 needs a loss scaler that syncs)'
-    if int(transformers.__version__.split('.')[0]) < 5:  # 4.x tests the attention mask for padding on the host
-        return f'transformers {transformers.__version__} syncs inside the encoder (5.x does not)'
-    return None
-
-
-class CUDAGraphs:
-    """fn(**tensors) replayed from a CUDA graph: one captured per distinct set of input shapes and
-    kept, so that a call costs one copy of the inputs and one replay, the GPU's own kernel time,
-    instead of Python's and the kernel launches'. All graphs share one memory pool (they never run
-    at once). Before each capture, warmup(**tensors) (default: fn) runs once on a side stream, as
-    capture requires (first calls allocate workspaces and compile kernels). The returned tensors
-    are overwritten by the next replay of the same graph."""
-
-    def __init__(self, fn, warmup=None):
-        self.fn, self.warmup, self.graphs, self.pool = fn, warmup or fn, {}, torch.cuda.graph_pool_handle()
-
-    def __call__(self, **inputs):
-        key = tuple((k, tuple(v.shape), v.dtype) for k, v in inputs.items())
-        if key not in self.graphs:
-            static = {k: v.clone() for k, v in inputs.items()}
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self.warmup(**static)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                out = self.fn(**static)
-            self.graphs[key] = graph, static, out
-        graph, static, out = self.graphs[key]
-        for k, v in inputs.items():
-            static[k].copy_(v, non_blocking=True)
-        graph.replay()
-        return out
-
-
 @torch.no_grad()
-def score_documents(model, token_ids, batch_size=128, progress=None, graphs=None):
+def score_documents(model, token_ids, batch_size=128, progress=None, scorer=None):
     """(N, V) float32 label scores of tokenised documents (a label is predicted where > 0), batched
-    by length and returned in input order. `progress(n)` is called with each batch's size. With
-    `graphs`, a CUDAGraphs of model.label_scores kept by the caller, batches are replayed from it."""
+    by length and returned in input order. `progress(n)` is called with each batch's size. `scorer`
+    stands in for model.label_scores (keyword arguments) and gets full batches, one shape per
+    length: train.py passes its CUDA graphs of model.label_scores."""
     device = next(model.parameters()).device
     multiple = pad_multiple(device)
     model.eval()
@@ -496,11 +455,11 @@ def score_documents(model, token_ids, batch_size=128, progress=None, graphs=None
     for i in range(0, len(order), batch_size):
         idx = order[i:i + batch_size]
         docs = [token_ids[j] for j in idx]
-        if graphs is not None:  # a full batch (empty texts added, their rows dropped): one graph per length
+        if scorer is not None:  # a full batch (empty texts added, their rows dropped): one shape per length
             docs += [docs[0][:0]] * (batch_size - len(docs))
         b = to_device(make_batch(model, docs, [[]] * len(docs), multiple), device)
         with autocast(device):
-            scores = (graphs or model.label_scores)(input_ids=b['input_ids'], attention_mask=b['attention_mask'])
+            scores = (scorer or model.label_scores)(input_ids=b['input_ids'], attention_mask=b['attention_mask'])
         parts.append((idx, scores[:len(idx)].clone()))
         if progress:
             progress(len(idx))

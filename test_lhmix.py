@@ -1427,7 +1427,6 @@ def _graph_case(device):
 
 def _run_steps(model, docs, labels, device, mix, graphs, steps=10):
     """train.py's step (train.make_step) over an epoch's batches twice, with Mixup ratios and MLM positions."""
-    import train
     rng = np.random.default_rng(1)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=device.type == 'cuda', capturable=graphs)
     step = train.make_step(model, opt, torch.amp.GradScaler(device.type, enabled=False), 'depth', graphs)
@@ -1459,23 +1458,23 @@ def test_make_batch_static_mlm_positions_same_loss(tiny):
 
 
 def test_cuda_graphs_unavailable_on_cpu():
-    assert lhmix.cuda_graphs_unavailable(torch.device('cpu')) == 'not a CUDA device'
+    assert train.cuda_graphs_unavailable(torch.device('cpu')) == 'not a CUDA device'
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
 @pytest.mark.parametrize('mix', [False, True])
 def test_cuda_graph_steps_match_eager_on_gpu_bf16(mix):
     device = torch.device('cuda')
-    if lhmix.cuda_graphs_unavailable(device):
-        pytest.skip(lhmix.cuda_graphs_unavailable(device))
+    if train.cuda_graphs_unavailable(device):
+        pytest.skip(train.cuda_graphs_unavailable(device))
     model, twin, docs, labels = _graph_case(device)
     graphed, step = _run_steps(twin, docs, labels, device, mix, graphs=True)
     eager, _ = _run_steps(model, docs, labels, device, mix, graphs=False)
     assert 2 <= len(step.graphs) <= 6  # 6 batches, each seen twice: captured once, then replayed
     assert graphed == pytest.approx(eager, rel=2e-2, abs=2e-2)   # bf16 autocast: ~3 significant digits
-    scorer = lhmix.CUDAGraphs(twin.label_scores)
+    scorer = train.CUDAGraphs(twin.label_scores)
     docs = docs + [d[:6] for d in docs[:20]]  # short ones: batches of two lengths, the last one not full
     s_e = lhmix.score_documents(model, docs, batch_size=16)
-    s_g = lhmix.score_documents(twin, docs, batch_size=16, graphs=scorer)
+    s_g = lhmix.score_documents(twin, docs, batch_size=16, scorer=scorer)
     assert len(scorer.graphs) >= 2 and np.allclose(s_g, s_e, rtol=5e-2, atol=5e-2)
-    assert np.array_equal(lhmix.score_documents(twin, docs, batch_size=16, graphs=scorer), s_g)  # replayed alike
+    assert np.array_equal(lhmix.score_documents(twin, docs, batch_size=16, scorer=scorer), s_g)  # replayed alike

@@ -143,8 +143,8 @@ def setup(args):
           + ', '.join(f'{k} {cut[k]}' for k in tokens))
     model.to(device)
     graphs = device.type == 'cuda' and not args.no_cuda_graphs
-    if graphs and lhmix.cuda_graphs_unavailable(device):
-        print(f'CUDA graphs off: {lhmix.cuda_graphs_unavailable(device)}')
+    if graphs and cuda_graphs_unavailable(device):
+        print(f'CUDA graphs off: {cuda_graphs_unavailable(device)}')
         graphs = False
     opt = torch.optim.Adam(model.parameters(), lr=args.lr, fused=device.type == 'cuda', capturable=graphs)
     scaler = torch.amp.GradScaler(device.type, enabled=device.type == 'cuda' and not torch.cuda.is_bf16_supported())
@@ -182,14 +182,57 @@ def setup(args):
         run.table, run.rows = lhmix.local_hierarchy_table(model, tokenizer, run.labels)
         print(f'{len(run.table)} distinct local hierarchies encoded')
     run.step = make_step(model, opt, scaler, args.zmlce_rows, graphs)
-    run.score_graphs = lhmix.CUDAGraphs(model.label_scores) if graphs else None
+    run.score_graphs = CUDAGraphs(model.label_scores) if graphs else None
     return run
+
+
+def cuda_graphs_unavailable(device):
+    """Why CUDA graphs cannot run the steps on `device`, or None when they can."""
+    import transformers
+    if device.type != 'cuda':
+        return 'not a CUDA device'
+    if not torch.cuda.is_bf16_supported():
+        return 'no bf16 on this GPU (fp16 needs a loss scaler that syncs)'
+    if int(transformers.__version__.split('.')[0]) < 5:  # 4.x tests the attention mask for padding on the host
+        return f'transformers {transformers.__version__} syncs inside the encoder (5.x does not)'
+    return None
+
+
+class CUDAGraphs:
+    """fn(**tensors) replayed from a CUDA graph: one captured per distinct set of input shapes and
+    kept, so that a call costs one copy of the inputs and one replay, the GPU's own kernel time,
+    instead of Python's and the kernel launches'. All graphs share one memory pool (they never run
+    at once). Before each capture, warmup(**tensors) (default: fn) runs once on a side stream, as
+    capture requires (first calls allocate workspaces and compile kernels). The returned tensors
+    are overwritten by the next replay of the same graph."""
+
+    def __init__(self, fn, warmup=None):
+        self.fn, self.warmup, self.graphs, self.pool = fn, warmup or fn, {}, torch.cuda.graph_pool_handle()
+
+    def __call__(self, **inputs):
+        key = tuple((k, tuple(v.shape), v.dtype) for k, v in inputs.items())
+        if key not in self.graphs:
+            static = {k: v.clone() for k, v in inputs.items()}
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.warmup(**static)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                out = self.fn(**static)
+            self.graphs[key] = graph, static, out
+        graph, static, out = self.graphs[key]
+        for k, v in inputs.items():
+            static[k].copy_(v, non_blocking=True)
+        graph.replay()
+        return out
 
 
 def make_step(model, opt, scaler, rows, graphs):
     """step(**batch) -> the batch's loss (a device scalar: no host sync): forward, backward, Adam.
     With `graphs`, each batch shape's step is captured once as a CUDA graph and replayed after
-    (lhmix.CUDAGraphs); the gradients then stay allocated, zeroed inside the graph."""
+    (CUDAGraphs); the gradients then stay allocated, zeroed inside the graph."""
     device = next(model.parameters()).device
 
     def forward_backward(**batch):
@@ -222,7 +265,7 @@ def make_step(model, opt, scaler, rows, graphs):
         loss = forward_backward(**batch)
         opt.step()
         return loss
-    return lhmix.CUDAGraphs(graphed, warmup=forward_backward)
+    return CUDAGraphs(graphed, warmup=forward_backward)
 
 
 def train_epoch(run, epoch, bar):
@@ -251,7 +294,7 @@ def train_epoch(run, epoch, bar):
     if not math.isfinite(train_loss):
         raise FloatingPointError(f'the training loss became {train_loss} in epoch {epoch} (try a lower --lr); '
                                  'this epoch is not saved')
-    scores = lhmix.score_documents(model, run.tokens['dev'], graphs=run.score_graphs)
+    scores = lhmix.score_documents(model, run.tokens['dev'], scorer=run.score_graphs)
     dev = evaluate.f1_scores(scores > 0, run.dev_gold, len(run.hierarchy))
     line = {'epoch': epoch, 'mix': mixing, 'train_loss': train_loss, 'dev_micro_f1': dev['micro_f1'],
             'dev_macro_f1': dev['macro_f1'], 'seconds': round(seconds, 2),
