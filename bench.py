@@ -87,8 +87,9 @@ def _pad_len(model, n, multiple):
 def trainer(model, graphs):
     """train.py's step for `model` (its own Adam): eager, or replayed from CUDA graphs."""
     device = next(model.parameters()).device
-    opt = torch.optim.Adam(model.parameters(), lr=1e-5, fused=device.type == 'cuda', capturable=graphs)
-    return train.make_step(model, opt, torch.amp.GradScaler(device.type, enabled=False), 'depth', graphs)
+    opt = torch.optim.Adam(model.parameters(), lr=train.PAPER['lr'], fused=device.type == 'cuda', capturable=graphs)
+    scaler = torch.amp.GradScaler(device.type, enabled=False)
+    return train.make_step(model, opt, scaler, train.PAPER['zmlce_rows'], graphs)
 
 
 def lhmix_step(step, device, mix='lhmix'):
@@ -194,7 +195,7 @@ def train_steps(args, device, rng, graphs, compiled):
     limit = None
     if device.type == 'cuda':
         limit = profile({'floor': fns['floor']}, eager_b[:10], device)['floor'][1]
-    return out, setup_s, limit, common, len(order), model, step, fns, eager_b
+    return out, setup_s, limit, common, len(order), model, fns, eager_b
 
 
 def profile(fns, batches, device):
@@ -260,8 +261,7 @@ def epoch_run(args, device, graphs):
     labels = [[int(rng.integers(7)), 7 + int(rng.integers(134))] for _ in tokens['train']]
     dev_gold = [[int(rng.integers(7)), 7 + int(rng.integers(134))] for _ in tokens['dev']]
     targs = ap.Namespace(**{**train.PAPER, 'warmup_epochs': 0, 'no_mlm': False})
-    opt = torch.optim.Adam(model.parameters(), lr=targs.lr, fused=device.type == 'cuda', capturable=graphs)
-    step = train.make_step(model, opt, torch.amp.GradScaler(device.type, enabled=False), targs.zmlce_rows, graphs)
+    step = trainer(model, graphs)
     run = ap.Namespace(args=targs, device=device, hierarchy=model.hierarchy, model=model, tokens=tokens,
                        labels=labels, dev_gold=dev_gold, table=torch.randn(64, model.mlm.config.hidden_size),
                        rows=torch.from_numpy(rng.integers(0, 64, n_train)), graphs=graphs, step=step,
@@ -349,7 +349,7 @@ def main():
                       f'{100 * (times[0][0] - times[1][0]) / times[1][0]:.1f}% of a graphed epoch')
         return
     rng = np.random.default_rng(0)
-    steps, setup_s, limit, common, n, model, step, fns, batches = train_steps(args, device, rng, graphs, compiled)
+    steps, setup_s, limit, common, n, model, fns, batches = train_steps(args, device, rng, graphs, compiled)
     pad = padding(batches)
     print(f'timed batches: {n} of {args.batch} documents, all of sequence length {common} (the commonest bucket; '
           f'one graph each), {pad:.1f}% padding')
@@ -375,7 +375,7 @@ def main():
         profile(fns, batches[:10], device)
     del fns, batches
     way = 'CUDA graphs' if graphs else 'eager'
-    cost = pairing_cost(args, model, trainer(model, graphs) if graphs else step, device, rng)
+    cost = pairing_cost(args, model, trainer(model, graphs), device, rng)
     for k, (pct, ms) in cost.items():
         print(f'LH-Mix step, {way}, {k + " batches":<18} (all buckets, {args.steps} steps): {pct:5.1f}% padding, '
               f'{ms:8.2f} ms/step')

@@ -460,7 +460,7 @@ def score_documents(model, token_ids, batch_size=128, progress=None, scorer=None
         b = to_device(make_batch(model, docs, [[]] * len(docs), multiple), device)
         with autocast(device):
             scores = (scorer or model.label_scores)(input_ids=b['input_ids'], attention_mask=b['attention_mask'])
-        parts.append((idx, scores[:len(idx)].clone()))
+        parts.append((idx, scores[:len(idx)].clone()))  # a scorer's next call overwrites its output
         if progress:
             progress(len(idx))
     for idx, s in parts:  # copy back at the end: no host sync between batches
@@ -492,7 +492,7 @@ def classify(model, tokenizer, texts):
 # Checkpoints: safetensors + JSON, no pickle. A kill at any instant leaves the old checkpoint or the
 # new one whole; loading checks lhmix.json by its own hash and every file by size and SHA-256.
 
-CHECKPOINT_META = 'lhmix.json'
+CHECKPOINT_META, WEIGHTS, TRAIN_STATE = 'lhmix.json', 'model.safetensors', 'train_state.pt'
 META_HASH = 'meta_sha256'  # lhmix.json's hash of its other keys: a garbled but parseable file is refused too
 
 
@@ -539,11 +539,11 @@ def save_checkpoint(folder, model, tokenizer, info, train_state=None):
     version = os.path.join(parent, f'{base}.ckpt-{os.urandom(6).hex()}')
     os.mkdir(version)
     try:
-        save_model(model, os.path.join(version, 'model.safetensors'))
+        save_model(model, os.path.join(version, WEIGHTS))
         model.mlm.config.save_pretrained(version)
         tokenizer.save_pretrained(version)
         if train_state is not None:
-            torch.save(train_state, os.path.join(version, 'train_state.pt'))
+            torch.save(train_state, os.path.join(version, TRAIN_STATE))
         parents = [h.labels[p] if p >= 0 else None for p in h.parent]
         meta = {'arch': model.arch, 'base_vocab': model.base_vocab, 'special': model.special,
                 'max_length': model.max_length, 'hierarchy': {'labels': h.labels, 'names': h.names, 'parents': parents},
@@ -604,7 +604,7 @@ def read_checkpoint_meta(folder):
         raise ValueError(f'{path}: corrupt or not written by this version ({type(e).__name__}: {e})') from None
     if not ok:
         raise ValueError(f'{path}: altered or corrupt (its content does not match its {META_HASH})')
-    for what, names in (('model.safetensors', {'model.safetensors'}), ('config.json', {'config.json'}),
+    for what, names in ((WEIGHTS, {WEIGHTS}), ('config.json', {'config.json'}),
                         ('tokenizer files', {'tokenizer.json', 'tokenizer_config.json', 'vocab.txt', 'vocab.json'})):
         if not names & set(meta['files']):
             raise ValueError(f'{path}: lists no {what}')
@@ -648,7 +648,7 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
         mlm = AutoModelForMaskedLM.from_config(config, trust_remote_code=False)
         model = LHMix(mlm, Hierarchy(dict(zip(h['labels'], h['parents'])), dict(zip(h['labels'], h['names']))),
                       meta['arch'], meta['base_vocab'], meta['special'], meta['max_length'])
-        load_model(model, os.path.join(folder, 'model.safetensors'), device=str(device))
+        load_model(model, os.path.join(folder, WEIGHTS), device=str(device))
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as e:
         why = ' '.join(str(e).split())  # one line

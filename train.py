@@ -103,7 +103,7 @@ def resume_args(args):
                                 'epoch); start it again with --overwrite')
     meta = lhmix.read_checkpoint_meta(last)
     saved = meta.get('args')
-    if not isinstance(saved, dict) or 'train_state.pt' not in meta['files']:
+    if not isinstance(saved, dict) or lhmix.TRAIN_STATE not in meta['files']:
         raise ValueError(f'{last}: not a checkpoint train.py can resume (no saved arguments or train_state.pt)')
     for k in [k for k in args.given if k not in RESUMABLE] + ['data', 'data_dir']:
         if getattr(args, k) != saved.get(k):
@@ -143,8 +143,9 @@ def setup(args):
           + ', '.join(f'{k} {cut[k]}' for k in tokens))
     model.to(device)
     graphs = device.type == 'cuda' and not args.no_cuda_graphs
-    if graphs and cuda_graphs_unavailable(device):
-        print(f'CUDA graphs off: {cuda_graphs_unavailable(device)}')
+    why_not = graphs and cuda_graphs_unavailable(device)
+    if why_not:
+        print(f'CUDA graphs off: {why_not}')
         graphs = False
     opt = torch.optim.Adam(model.parameters(), lr=args.lr, fused=device.type == 'cuda', capturable=graphs)
     scaler = torch.amp.GradScaler(device.type, enabled=device.type == 'cuda' and not torch.cuda.is_bf16_supported())
@@ -154,7 +155,7 @@ def setup(args):
                              all_train=[ls for _, ls in splits['train']], table=None, rows=None, history=[],
                              state={'epoch': 0, 'best': -1.0, 'bad_epochs': 0})
     if args.resume:
-        path = os.path.join(args.out, 'last', 'train_state.pt')
+        path = os.path.join(args.out, 'last', lhmix.TRAIN_STATE)
         try:  # checked by its hash already: an error here is a file this version did not write
             saved = torch.load(path, map_location='cpu', weights_only=True)
             opt.load_state_dict(saved['optimizer'])
