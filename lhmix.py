@@ -8,7 +8,6 @@ import hashlib
 import json
 import math
 import os
-import shutil
 
 import numpy as np
 import torch
@@ -457,8 +456,9 @@ def classify(model, tokenizer, texts):
 
 
 # -----------------------------------------------------------------------------
-# Checkpoints: safetensors + JSON, no pickle. A kill at any instant leaves the old checkpoint or the
-# new one whole; loading checks lhmix.json by its own hash and every file by size and SHA-256.
+# Checkpoints: safetensors + JSON, no pickle. lhmix.json holds what rebuilds the LHMix, every file's
+# size and SHA-256 and its own hash; loading checks them all. (train.py saves each checkpoint into a
+# new version folder behind a symbolic link switched atomically, so a kill leaves one whole.)
 
 CHECKPOINT_META, WEIGHTS, TRAIN_STATE = 'lhmix.json', 'model.safetensors', 'train_state.pt'
 META_HASH = 'meta_sha256'  # lhmix.json's hash of its other keys: a garbled but parseable file is refused too
@@ -477,79 +477,28 @@ def _meta_hash(meta):
     return hashlib.sha256(text.encode('utf-8')).hexdigest()
 
 
-def _fsync(path):  # a file or a folder
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _crash_point(step, folder):
-    """For the tests: LHMIX_CRASH_AT=step, or name:step for the folder `name` only, kills a save there."""
-    if os.environ.get('LHMIX_CRASH_AT') in (step, f'{os.path.basename(folder)}:{step}'):
-        os.kill(os.getpid(), 9)
-
-
 def save_checkpoint(folder, model, tokenizer, info, train_state=None):
-    """Writes model.safetensors, the HF config and tokenizer files, train_state.pt (`train_state`: tensors
-    for --resume) and lhmix.json (what rebuilds the LHMix, `info`, every file's size and SHA-256) into a
-    new version folder `folder.ckpt-*` with the umask's modes, switches the symbolic link `folder` to it
-    by one atomic rename, and removes older versions. Non-finite weights are refused, nothing written."""
+    """Writes the new folder `folder`: model.safetensors, the HF config and tokenizer files,
+    train_state.pt (`train_state`: tensors for --resume) and lhmix.json (what rebuilds the LHMix,
+    `info`, every file's size and SHA-256). Non-finite weights are refused, nothing written."""
     from safetensors.torch import save_model
     bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
     if bad:
         raise FloatingPointError(f'the weights are not finite ({bad[0]}{" and others" if len(bad) > 1 else ""}); '
                                  f'{folder} is not saved (try a lower --lr)')
-    folder, h = os.path.abspath(folder), model.hierarchy
-    parent, base = os.path.split(folder)
-    os.makedirs(parent, exist_ok=True)
-    version = os.path.join(parent, f'{base}.ckpt-{os.urandom(6).hex()}')
-    os.mkdir(version)
-    try:
-        save_model(model, os.path.join(version, WEIGHTS))
-        model.mlm.config.save_pretrained(version)
-        tokenizer.save_pretrained(version)
-        if train_state is not None:
-            torch.save(train_state, os.path.join(version, TRAIN_STATE))
-        parents = [h.labels[p] if p >= 0 else None for p in h.parent]
-        meta = {'arch': model.arch, 'base_vocab': model.base_vocab, 'special': model.special,
-                'max_length': model.max_length, 'hierarchy': {'labels': h.labels, 'names': h.names, 'parents': parents},
-                'files': {f: _digest(os.path.join(version, f)) for f in sorted(os.listdir(version))}, **info}
-        with open(os.path.join(version, CHECKPOINT_META), 'w', encoding='utf-8') as f:
-            json.dump({**meta, META_HASH: _meta_hash(meta)}, f, indent=1)
-        mask = os.umask(0)
-        os.umask(mask)
-        for path in [os.path.join(version, f) for f in os.listdir(version)] + [version]:
-            os.chmod(path, (0o777 if path == version else 0o666) & ~mask)  # safetensors writes 0600
-            _fsync(path)
-    except BaseException:
-        shutil.rmtree(version, ignore_errors=True)
-        raise
-    _crash_point('written', folder)
-    if os.path.lexists(folder + '.link'):
-        os.remove(folder + '.link')
-    os.symlink(os.path.basename(version), folder + '.link')
-    _crash_point('linked', folder)
-    if os.path.isdir(folder) and not os.path.islink(folder):  # a plain folder (copied by hand): set aside
-        os.replace(folder, f'{folder}.ckpt-{os.urandom(6).hex()}')
-    os.replace(folder + '.link', folder)  # atomic: `folder` names the old version or the new, never nothing
-    _fsync(parent)
-    _crash_point('switched', folder)
-    tidy_checkpoint(folder)
-
-
-def tidy_checkpoint(folder):
-    """Removes what a killed save_checkpoint left beside `folder`: the temporary link and the version
-    folders `folder` does not point to (all of them if it points to none)."""
-    folder = os.path.abspath(folder)
-    parent, base = os.path.split(folder)
-    keep = os.path.basename(os.readlink(folder)) if os.path.islink(folder) else None
-    if os.path.lexists(folder + '.link'):
-        os.remove(folder + '.link')
-    for f in os.listdir(parent) if os.path.isdir(parent) else []:
-        if f.startswith(base + '.ckpt-') and f != keep:
-            shutil.rmtree(os.path.join(parent, f), ignore_errors=True)
+    h = model.hierarchy
+    os.makedirs(folder)
+    save_model(model, os.path.join(folder, WEIGHTS))
+    model.mlm.config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    if train_state is not None:
+        torch.save(train_state, os.path.join(folder, TRAIN_STATE))
+    parents = [h.labels[p] if p >= 0 else None for p in h.parent]
+    meta = {'arch': model.arch, 'base_vocab': model.base_vocab, 'special': model.special,
+            'max_length': model.max_length, 'hierarchy': {'labels': h.labels, 'names': h.names, 'parents': parents},
+            'files': {f: _digest(os.path.join(folder, f)) for f in sorted(os.listdir(folder))}, **info}
+    with open(os.path.join(folder, CHECKPOINT_META), 'w', encoding='utf-8') as f:
+        json.dump({**meta, META_HASH: _meta_hash(meta)}, f, indent=1)
 
 
 def read_checkpoint_meta(folder):
