@@ -1,9 +1,7 @@
 """LH-Mix: Local Hierarchy Correlation Guided Mixup over Hierarchical Prompt Tuning (Kong, Zhang &
-Wang, KDD 2025), top-down in the paper's order: Sec. 3, hierarchy, prompt, verbalizer (Eq. 1), ZMLCE
-(Eqs. 2, 8); Sec. 4, local hierarchies and their similarity (Eq. 3), the mixing ratio (Eq. 4), Mixup
-and loss mixing (Eqs. 5-7). Then feeding the model, checkpoints, and an appendix: ZMLCE's fused
-Triton kernels for CUDA. It imports nothing of this project's, so it can be copied alone.
-"""
+Wang, KDD 2025), top-down in the paper's order: Sec. 3 (Eqs. 1, 2, 8), Sec. 4 (Eqs. 3-7); then feeding
+the model, checkpoints, and an appendix: ZMLCE's fused Triton kernels for CUDA. It imports nothing of
+this project's, so it can be copied alone."""
 import hashlib
 import json
 import math
@@ -15,8 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 # -----------------------------------------------------------------------------
-# Sec. 3: the hierarchy, the hierarchical prompt and its verbalizer (Eq. 1) or the flat BERT
-# ablation, ZMLCE (Eq. 2) and its gradient (Eq. 8) in torch (on CUDA: the appendix's kernels)
+# Sec. 3: hierarchy, prompt template, model and verbalizer (Eq. 1), ZMLCE (Eq. 2) and its gradient (Eq. 8)
 
 
 class Hierarchy:
@@ -63,10 +60,9 @@ def template(num_depths, cls_id, sep_id, depth_ids, slot_id):
 
 
 class LHMix(nn.Module):
-    """A masked LM whose vocabulary gains a token per label, D depth tokens and the slot [P] (ids
-    base_vocab + [labels | depths | slot]). arch='prompt': label v of depth d scores the MLM head's
-    transform of h^d_[P] dotted with v's tied embedding, plus a bias, over V^d only (Eq. 1);
-    arch='bert': the paper's flat ablation, [CLS] -> linear over all labels."""
+    """A masked LM whose vocabulary gains label tokens, D depth tokens and the slot [P] (ids base_vocab +
+    [labels | depths | slot]). arch='prompt' (Eq. 1): label v of depth d scores the MLM head's transform
+    of h^d_[P] dotted with v's tied embedding, plus a bias, over V^d; arch='bert': [CLS] -> linear (ablation)."""
 
     def __init__(self, mlm, hierarchy, arch, base_vocab, special, max_length=512):
         super().__init__()
@@ -162,9 +158,8 @@ def _signed(scores, targets, valid):
 
 
 class ZMLCE(torch.autograd.Function):
-    """Eq. 2 per row: log(1 + sum_{neg} e^{s}) + log(1 + sum_{pos} e^{-s}) over the valid labels, two
-    log-sum-exps each shifted by its own max (finite at any magnitude); no boolean indexing or host
-    sync, for CUDA graphs and torch.compile."""
+    """Eq. 2 per row, log(1 + sum_{neg} e^{s}) + log(1 + sum_{pos} e^{-s}) over the valid labels: two
+    log-sum-exps, each shifted by its own max (finite at any size), with no host sync (CUDA graphs)."""
 
     @staticmethod
     def forward(ctx, scores, targets, valid):
@@ -197,8 +192,7 @@ def zmlce(scores, targets, valid=None):
 
 
 # -----------------------------------------------------------------------------
-# Sec. 4: local hierarchies and their similarity (4.1, Eq. 3), the mixing ratio (4.2, Eq. 4), Mixup
-# of the slot hidden states and loss mixing (4.3, Eqs. 5-7)
+# Sec. 4: local hierarchies (4.1, Eq. 3), the mixing ratio (4.2, Eq. 4), Mixup, loss mixing (4.3, Eqs. 5-7)
 
 
 def local_hierarchy_ids(model, label_ids, name_ids):
@@ -364,17 +358,11 @@ def to_device(batch, device):
 
 
 def train_batches(lengths, batch_size, rng, paired, chunk=64):
-    """One epoch's batches as (document ids, partner positions or None). When `paired`, the shuffle is
-    cut into pairs first, so a Mixup partner is uniformly random whatever the batching; the units are
-    sorted by length within chunks of `chunk` batches (less padding), the batches shuffled. An odd
-    document out mixes with a random other of its batch."""
-    perm = rng.permutation(len(lengths))
-    lengths = np.asarray(lengths)
-    if paired:
-        units = [perm[i:i + 2] for i in range(0, len(perm), 2)]
-        per_batch = batch_size // 2
-    else:
-        units, per_batch = [perm[i:i + 1] for i in range(len(perm))], batch_size
+    """One epoch's batches as (document ids, partner positions or None). The shuffle is cut into pairs
+    first when `paired` (a partner is uniformly random whatever the batching; an odd one out takes any
+    of its batch), sorted by length within chunks of `chunk` batches (less padding), batches shuffled."""
+    perm, lengths, unit = rng.permutation(len(lengths)), np.asarray(lengths), 2 if paired else 1
+    units, per_batch = [perm[i:i + unit] for i in range(0, len(perm), unit)], batch_size // unit
     size = np.array([lengths[u].max() for u in units])
     batches = []
     for i in range(0, len(units), per_batch * chunk):
@@ -415,23 +403,21 @@ def score_documents(model, token_ids, batch_size=128, progress=None, scorer=None
     """(N, V) float32 label scores (> 0: predicted), batched by length, in input order; `progress(n)`
     gets each batch's size. `scorer` (train.py's CUDA graphs) replaces model.label_scores and gets
     full batches: one shape per length."""
-    device = next(model.parameters()).device
-    multiple = pad_multiple(device)
+    device, parts = next(model.parameters()).device, []
     model.eval()
     order = np.argsort([len(t) for t in token_ids], kind='stable')
-    out = torch.zeros(len(token_ids), len(model.hierarchy))
-    parts = []
     for i in range(0, len(order), batch_size):
         idx = order[i:i + batch_size]
         docs = [token_ids[j] for j in idx]
         if scorer is not None:  # a full batch (empty texts added, their rows dropped): one shape per length
             docs += [docs[0][:0]] * (batch_size - len(docs))
-        b = to_device(make_batch(model, docs, [[]] * len(docs), multiple), device)
+        b = to_device(make_batch(model, docs, [[]] * len(docs), pad_multiple(device)), device)
         with autocast(device):
             scores = (scorer or model.label_scores)(input_ids=b['input_ids'], attention_mask=b['attention_mask'])
         parts.append((idx, scores[:len(idx)].clone()))  # a scorer's next call overwrites its output
         if progress:
             progress(len(idx))
+    out = torch.zeros(len(token_ids), len(model.hierarchy))
     for idx, s in parts:  # copy back at the end: no host sync between batches
         out[torch.from_numpy(idx)] = s.cpu()
     return out.numpy()
@@ -456,9 +442,8 @@ def classify(model, tokenizer, texts):
 
 
 # -----------------------------------------------------------------------------
-# Checkpoints: safetensors + JSON, no pickle. lhmix.json holds what rebuilds the LHMix, every file's
-# size and SHA-256 and its own hash; loading checks them all. (train.py saves each checkpoint into a
-# new version folder behind a symbolic link switched atomically, so a kill leaves one whole.)
+# Checkpoints: safetensors + JSON, no pickle; lhmix.json holds what rebuilds the LHMix, every file's size
+# and SHA-256 and its own hash, all checked on load (train.py makes the save survive a kill)
 
 CHECKPOINT_META, WEIGHTS, TRAIN_STATE = 'lhmix.json', 'model.safetensors', 'train_state.pt'
 META_HASH = 'meta_sha256'  # lhmix.json's hash of its other keys: a garbled but parseable file is refused too
