@@ -399,10 +399,9 @@ def autocast(device):
 
 
 @torch.no_grad()
-def score_documents(model, token_ids, batch_size=128, progress=None, scorer=None):
-    """(N, V) float32 label scores (> 0: predicted), batched by length, in input order; `progress(n)`
-    gets each batch's size. `scorer` (train.py's CUDA graphs) replaces model.label_scores and gets
-    full batches: one shape per length."""
+def score_documents(model, token_ids, batch_size=128, scorer=None):
+    """(N, V) float32 label scores (> 0: predicted), batched by length, in input order. `scorer`
+    (train.py's CUDA graphs) replaces model.label_scores and gets full batches: one shape per length."""
     device, parts = next(model.parameters()).device, []
     model.eval()
     order = np.argsort([len(t) for t in token_ids], kind='stable')
@@ -415,8 +414,6 @@ def score_documents(model, token_ids, batch_size=128, progress=None, scorer=None
         with autocast(device):
             scores = (scorer or model.label_scores)(input_ids=b['input_ids'], attention_mask=b['attention_mask'])
         parts.append((idx, scores[:len(idx)].clone()))  # a scorer's next call overwrites its output
-        if progress:
-            progress(len(idx))
     out = torch.zeros(len(token_ids), len(model.hierarchy))
     for idx, s in parts:  # copy back at the end: no host sync between batches
         out[torch.from_numpy(idx)] = s.cpu()
