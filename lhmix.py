@@ -12,9 +12,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+
 # -----------------------------------------------------------------------------
 # Sec. 3: hierarchy, prompt template, model and verbalizer (Eq. 1), ZMLCE (Eq. 2) and its gradient (Eq. 8)
-
 
 class Hierarchy:
     """A label tree; labels get ids in the order given, depth 1 is the top level. `parents` maps each
@@ -194,7 +194,6 @@ def zmlce(scores, targets, valid=None):
 # -----------------------------------------------------------------------------
 # Sec. 4: local hierarchies (4.1, Eq. 3), the mixing ratio (4.2, Eq. 4), Mixup, loss mixing (4.3, Eqs. 5-7)
 
-
 def local_hierarchy_ids(model, label_ids, name_ids):
     """Sec. 4.1: the gold labels as a sequence `[CLS] [D1] <names at depth 1> [D2] ... [SEP]`."""
     ids = [model.special['cls']]
@@ -290,7 +289,6 @@ def training_loss(model, input_ids, attention_mask, targets, partner=None, lam=N
 
 # -----------------------------------------------------------------------------
 # Feeding the model: tokens once, length-bucketed batches with random Mixup pairs, prediction
-
 
 def tokenize(tokenizer, texts, max_text_len, chunk=4096):
     """Word-piece ids of each text (no special tokens), cut to max_text_len; returns (ids, n_truncated)."""
