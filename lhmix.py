@@ -359,7 +359,8 @@ def train_batches(lengths, batch_size, rng, paired, chunk=64):
     """One epoch's batches as (document ids, partner positions or None). The shuffle is cut into pairs
     first when `paired` (a partner is uniformly random whatever the batching; an odd one out takes any
     of its batch), sorted by length within chunks of `chunk` batches (less padding), batches shuffled."""
-    perm, lengths, unit = rng.permutation(len(lengths)), np.asarray(lengths), 2 if paired else 1
+    perm, lengths = rng.permutation(len(lengths)), np.asarray(lengths)
+    unit = 2 if paired else 1  # pairs, or single documents
     units, per_batch = [perm[i:i + unit] for i in range(0, len(perm), unit)], batch_size // unit
     size = np.array([lengths[u].max() for u in units])
     batches = []
