@@ -1,25 +1,20 @@
 """LH-Mix: Local Hierarchy Correlation Guided Mixup over Hierarchical Prompt Tuning (Kong, Zhang &
-Wang, KDD 2025) in one file, read top-down in the paper's order: Sec. 3, the label hierarchy, the
-hierarchical prompt and its verbalizer (Eq. 1), ZMLCE (Eq. 2) with its gradient (Eq. 8); Sec. 4.1,
-local hierarchies encoded once by the frozen initial encoder, their similarity (Eq. 3); Sec. 4.2, the
-mixing ratio (Eq. 4); Sec. 4.3, Mixup of the slot hidden states (Eqs. 5-6), loss mixing (Eq. 7). Then
-feeding the model, checkpoints, and an appendix: ZMLCE's fused Triton kernels for CUDA. It imports
-nothing of this project's.
-"""
+Wang, KDD 2025), top-down in the paper's order: Sec. 3 (Eqs. 1, 2, 8), Sec. 4 (Eqs. 3-7); then feeding
+the model, checkpoints, and an appendix: ZMLCE's fused Triton kernels for CUDA. It imports nothing of
+this project's, so it can be copied alone."""
 import hashlib
 import json
 import math
 import os
-import shutil
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# -----------------------------------------------------------------------------
-# Sec. 3: the hierarchy and the hierarchical prompt template
 
+# -----------------------------------------------------------------------------
+# Sec. 3: hierarchy, prompt template, model and verbalizer (Eq. 1), ZMLCE (Eq. 2) and its gradient (Eq. 8)
 
 class Hierarchy:
     """A label tree; labels get ids in the order given, depth 1 is the top level. `parents` maps each
@@ -60,19 +55,14 @@ class Hierarchy:
 
 
 def template(num_depths, cls_id, sep_id, depth_ids, slot_id):
-    """Sec. 3.2: `[CLS] [D1] [P] [D2] [P] ... [DD] [P] [SEP]`, then the text and `[SEP]`; the slot
-    [P] after [Dd] sits at position 2d."""
+    """Sec. 3.2: `[CLS] [D1] [P] ... [DD] [P] [SEP]`, then text and [SEP]; [P] after [Dd] is at 2d."""
     return [cls_id] + [t for d in range(num_depths) for t in (depth_ids[d], slot_id)] + [sep_id]
-
-# -----------------------------------------------------------------------------
-# Sec. 3: the model, hierarchical prompt with verbalizer (Eq. 1), or the flat BERT ablation
 
 
 class LHMix(nn.Module):
-    """A masked LM with one token per label, D depth tokens and the slot token [P] appended to its
-    vocabulary (ids base_vocab + [labels | depths | slot]). arch='prompt': label v of depth d scores
-    the MLM head's transform of h^d_[P] dotted with v's (tied input/output) embedding, plus a bias,
-    over V^d only (Eq. 1); arch='bert': the paper's flat ablation, [CLS] -> linear over all labels."""
+    """A masked LM whose vocabulary gains label tokens, D depth tokens and the slot [P] (ids base_vocab +
+    [labels | depths | slot]). arch='prompt' (Eq. 1): label v of depth d scores the MLM head's transform
+    of h^d_[P] dotted with v's tied embedding, plus a bias, over V^d; arch='bert': [CLS] -> linear (ablation)."""
 
     def __init__(self, mlm, hierarchy, arch, base_vocab, special, max_length=512):
         super().__init__()
@@ -109,8 +99,7 @@ class LHMix(nn.Module):
     def label_embeddings(self):
         return self.mlm.get_input_embeddings().weight[self.base_vocab:self.base_vocab + len(self.hierarchy)]
 
-    def text_budget(self, max_length):
-        """Word-pieces of text that fit `max_length` next to the prefix and the closing [SEP]."""
+    def text_budget(self, max_length):  # word-pieces of text beside the prefix and the closing [SEP]
         return max_length - len(self.prefix) - 1
 
     def encode(self, input_ids, attention_mask):
@@ -135,8 +124,7 @@ class LHMix(nn.Module):
         x = hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions)
         return F.cross_entropy(self.mlm.get_output_embeddings()(self.transform(x)).float(), labels)
 
-    def forward(self, *args, **kwargs):
-        """The training loss, ZMLCE (Eq. 2), with Mixup (Eqs. 5-7) given partners: `training_loss`."""
+    def forward(self, *args, **kwargs):  # the training loss, Eqs. 2, 5-7
         return training_loss(self, *args, **kwargs)
 
     @torch.no_grad()
@@ -146,7 +134,7 @@ class LHMix(nn.Module):
 
 
 def build_model(mlm, tokenizer, hierarchy, arch, max_length=512):
-    """A fresh LHMix around a pretrained masked LM. Label tokens start as the mean word-piece embedding
+    """A fresh LHMix around a pretrained masked LM: label tokens start as the mean word-piece embedding
     of their name (Eq. 1), depth tokens random (the paper), the slot as [MASK] (the authors' code)."""
     special = {'cls': tokenizer.cls_token_id, 'sep': tokenizer.sep_token_id,
                'pad': tokenizer.pad_token_id, 'mask': tokenizer.mask_token_id}
@@ -161,10 +149,6 @@ def build_model(mlm, tokenizer, hierarchy, arch, max_length=512):
     return model
 
 
-# -----------------------------------------------------------------------------
-# Sec. 3: ZMLCE (Eq. 2) and its gradient (Eq. 8), in torch (on CUDA: the appendix's kernels)
-
-
 def _signed(scores, targets, valid):
     """x = -s for positives, +s for negatives, -inf outside the row's valid labels; fp32 at least."""
     s = scores.to(torch.promote_types(scores.dtype, torch.float32))
@@ -174,9 +158,8 @@ def _signed(scores, targets, valid):
 
 
 class ZMLCE(torch.autograd.Function):
-    """Eq. 2 per row: log(1 + sum_{neg} e^{s}) + log(1 + sum_{pos} e^{-s}) over the valid labels, as two
-    log-sum-exps, each shifted by its own max so that any magnitude stays finite. No concatenation,
-    boolean indexing or host sync (CUDA graphs, torch.compile); saves its inputs and two numbers per row."""
+    """Eq. 2 per row, log(1 + sum_{neg} e^{s}) + log(1 + sum_{pos} e^{-s}) over the valid labels: two
+    log-sum-exps, each shifted by its own max (finite at any size), with no host sync (CUDA graphs)."""
 
     @staticmethod
     def forward(ctx, scores, targets, valid):
@@ -192,7 +175,7 @@ class ZMLCE(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        """Eq. 8's closed form: d/ds_k = e^{s_k - lse_neg} (negatives), -e^{-s_k - lse_pos} (positives)."""
+        """Eq. 8: d/ds_k = e^{s_k - lse_neg} for negatives, -e^{-s_k - lse_pos} for positives."""
         scores, targets, valid, lse_pos, lse_neg = ctx.saved_tensors
         x, pos = _signed(scores, targets, valid)
         p = torch.exp(x - torch.where(pos, lse_pos, lse_neg))  # 0 outside the valid labels
@@ -209,8 +192,7 @@ def zmlce(scores, targets, valid=None):
 
 
 # -----------------------------------------------------------------------------
-# Sec. 4.1: local hierarchy correlation
-
+# Sec. 4: local hierarchies (4.1, Eq. 3), the mixing ratio (4.2, Eq. 4), Mixup, loss mixing (4.3, Eqs. 5-7)
 
 def local_hierarchy_ids(model, label_ids, name_ids):
     """Sec. 4.1: the gold labels as a sequence `[CLS] [D1] <names at depth 1> [D2] ... [SEP]`."""
@@ -222,9 +204,9 @@ def local_hierarchy_ids(model, label_ids, name_ids):
 
 @torch.no_grad()
 def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
-    """[CLS] embeddings of the distinct local hierarchies by the model as it is now. Called before
-    training, it is the paper's frozen initial encoder: deterministic, so each is encoded once. Returns
-    (table (U, H), each set's row (N,)) on the CPU: a step's rows travel with its batch."""
+    """(table (U, H), each set's row (N,)) on the CPU, where a step's rows travel with its batch: the
+    [CLS] embeddings of the distinct local hierarchies. Called before training, the model is the
+    paper's frozen initial encoder (Sec. 4.1), deterministic, so each is encoded once."""
     keys = [tuple(sorted(s)) for s in label_sets]
     distinct = sorted(set(keys))
     name_ids = model.name_ids(tokenizer)
@@ -241,13 +223,8 @@ def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
 
 
 def hierarchy_similarity(h_i, h_j):
-    """Eq. 3: s = 0.5 (cos(h_i, h_j) + 1), clamped to [0, 1] against rounding (s^alpha of a tiny
-    negative s is NaN for a non-integer alpha)."""
+    """Eq. 3: s = 0.5 (cos(h_i, h_j) + 1), clamped to [0, 1]: s^alpha of a rounded s < 0 would be NaN."""
     return (0.5 * (F.cosine_similarity(h_i.float(), h_j.float(), dim=-1) + 1)).clamp(0.0, 1.0)
-
-
-# -----------------------------------------------------------------------------
-# Sec. 4.2: the mixing ratio
 
 
 def mixup_ratio(s, alpha, beta):
@@ -260,9 +237,9 @@ def mixup_ratio(s, alpha, beta):
 
 
 def pair_ratios(mix, partner, hier=None, alpha=1.0, beta=0.75, mix_alpha=1.0):
-    """One lambda per document of a batch for its `partner` (a position in the batch): by Eqs. 3-4 from
-    `hier` (B, H), the batch's local-hierarchy embeddings ('lhmix'), or Beta(a, a) folded to
-    max(lambda, 1 - lambda) ('mixup', the vanilla ablation). Made on the CPU: no kernel launch."""
+    """One lambda per document for its `partner` (a position in the batch): by Eqs. 3-4 from `hier`
+    (B, H), the local-hierarchy embeddings ('lhmix'), or Beta(a, a) folded to max(lambda, 1 - lambda)
+    ('mixup', the vanilla ablation). Made on the CPU: no kernel launch."""
     if mix == 'lhmix':
         return mixup_ratio(hierarchy_similarity(hier, hier[partner]), alpha, beta)
     if mix != 'mixup':
@@ -271,10 +248,6 @@ def pair_ratios(mix, partner, hier=None, alpha=1.0, beta=0.75, mix_alpha=1.0):
         raise ValueError(f'mix_alpha must be > 0, got {mix_alpha}')
     lam = torch.distributions.Beta(float(mix_alpha), float(mix_alpha)).sample(partner.shape)
     return torch.maximum(lam, 1 - lam)
-
-
-# -----------------------------------------------------------------------------
-# Sec. 4.3: Mixup of the slot hidden states and loss mixing
 
 
 def _per_row(lam, like):
@@ -295,11 +268,9 @@ def mixed_zmlce(scores, targets_i, targets_j, lam, valid=None):
 
 def training_loss(model, input_ids, attention_mask, targets, partner=None, lam=None, mlm_pos=None,
                   mlm_labels=None, rows='depth'):
-    """The loss of one batch: ZMLCE of each document (Eq. 2), or with `partner`/`lam` the Mixup of
-    each document's slot hidden states with its partner's (Eqs. 5-7); the per-document loss sums
-    the depths, the batch takes the mean; plus HPT's MLM term where positions are masked.
-    rows='depth' is the paper's Eq. 2, one row per depth over V^d; rows='document' is the authors'
-    code, one row per document over all its labels."""
+    """One batch's loss: ZMLCE summed over rows (Eq. 2), given `partner`/`lam` of the Mixup with each
+    document's partner (Eqs. 5-7), averaged over documents, plus HPT's MLM term where positions are
+    masked. rows='depth': Eq. 2, a row per depth over V^d; 'document': the authors' code, one row."""
     hidden = model.encode(input_ids, attention_mask)
     h = model.slots(hidden)
     if partner is not None:
@@ -309,28 +280,15 @@ def training_loss(model, input_ids, attention_mask, targets, partner=None, lam=N
     if rows != 'depth':
         p, v = model.per_label(p)[:, None], None
     t = targets[:, None, :]
-    if partner is None:
-        loss = zmlce(p, t, v)
-    else:
-        loss = mixed_zmlce(p, t, t[partner], lam, v)                # Eq. 7
+    loss = zmlce(p, t, v) if partner is None else mixed_zmlce(p, t, t[partner], lam, v)  # Eq. 2 or Eq. 7
     loss = loss.sum(-1).mean()
     if mlm_pos is not None:
         loss = loss + model.mlm_loss(hidden, mlm_pos, mlm_labels)
     return loss
 
 
-def mlm_capacity(batch_size, seq_len, rate):
-    """A fixed count of masked-LM positions per batch shape (B, T), for CUDA graphs (train.py), which
-    need static shapes:
-    the mean count at `rate` over all B*T positions plus 8 standard deviations, rounded up to 64 (a
-    batch masks more with probability < 1e-15; `make_batch` then takes a multiple of it)."""
-    n = batch_size * seq_len
-    return int(-(-(rate * n + 8 * math.sqrt(n * rate * (1 - rate)) + 1) // 64) * 64)
-
-
 # -----------------------------------------------------------------------------
 # Feeding the model: tokens once, length-bucketed batches with random Mixup pairs, prediction
-
 
 def tokenize(tokenizer, texts, max_text_len, chunk=4096):
     """Word-piece ids of each text (no special tokens), cut to max_text_len; returns (ids, n_truncated)."""
@@ -352,11 +310,17 @@ def pad(seqs, pad_id, multiple):
     return torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64))
 
 
+def mlm_capacity(batch_size, seq_len, rate):
+    """A fixed count of MLM positions per batch shape, for CUDA graphs' static shapes: the mean plus 8
+    standard deviations, rounded up to 64 (exceeded with p < 1e-15; make_batch then takes a multiple)."""
+    n = batch_size * seq_len
+    return int(-(-(rate * n + 8 * math.sqrt(n * rate * (1 - rate)) + 1) // 64) * 64)
+
+
 def make_batch(model, token_ids, labels, multiple, rng=None, mlm_rate=0.0, static=False):
-    """Inputs `prefix text [SEP]` from each text's word-piece ids, bool targets (B, V), and, with
-    mlm_rate > 0, BERT-style masking of text word-pieces (80% [MASK], 10% another word-piece of the
-    batch, 10% kept), chosen here on the CPU so the step never syncs. static=True (CUDA graphs)
-    pads the masked positions to `mlm_capacity` with label -100 (ignored by the loss: same value)."""
+    """Inputs `prefix text [SEP]`, bool targets (B, V), and with mlm_rate > 0 BERT-style masking of
+    text word-pieces (80% [MASK], 10% another of the batch's, 10% kept), chosen on the CPU so the step
+    never syncs. static=True pads the masked positions to `mlm_capacity` with label -100 (ignored)."""
     prefix, sep = model.prefix, model.special['sep']
     seqs = [np.concatenate([prefix, t, [sep]]) for t in token_ids]
     ids, mask = pad(seqs, model.special['pad'], multiple)
@@ -392,19 +356,12 @@ def to_device(batch, device):
 
 
 def train_batches(lengths, batch_size, rng, paired, chunk=64):
-    """One epoch's batches as (document ids, partner positions or None). The epoch's shuffle is cut
-    into consecutive pairs when `paired`, so each document's Mixup partner is a uniformly random
-    other document whatever the batching does; then the units (pairs or single documents) are
-    sorted by length inside chunks of `chunk` batches (less padding) and the batches shuffled. A
-    batch holds batch_size // 2 pairs; with an odd count, the one document left over mixes with a
-    random document of its batch."""
-    perm = rng.permutation(len(lengths))
-    lengths = np.asarray(lengths)
-    if paired:
-        units = [perm[i:i + 2] for i in range(0, len(perm), 2)]
-        per_batch = batch_size // 2
-    else:
-        units, per_batch = [perm[i:i + 1] for i in range(len(perm))], batch_size
+    """One epoch's batches as (document ids, partner positions or None). The shuffle is cut into pairs
+    first when `paired` (a partner is uniformly random whatever the batching; an odd one out takes any
+    of its batch), sorted by length within chunks of `chunk` batches (less padding), batches shuffled."""
+    perm, lengths = rng.permutation(len(lengths)), np.asarray(lengths)
+    unit = 2 if paired else 1  # pairs, or single documents
+    units, per_batch = [perm[i:i + unit] for i in range(0, len(perm), unit)], batch_size // unit
     size = np.array([lengths[u].max() for u in units])
     batches = []
     for i in range(0, len(units), per_batch * chunk):
@@ -441,40 +398,32 @@ def autocast(device):
 
 
 @torch.no_grad()
-def score_documents(model, token_ids, batch_size=128, progress=None, scorer=None):
-    """(N, V) float32 label scores of tokenised documents (a label is predicted where > 0), batched
-    by length and returned in input order. `progress(n)` is called with each batch's size. `scorer`
-    stands in for model.label_scores (keyword arguments) and gets full batches, one shape per
-    length: train.py passes its CUDA graphs of model.label_scores."""
-    device = next(model.parameters()).device
-    multiple = pad_multiple(device)
+def score_documents(model, token_ids, batch_size=128, scorer=None):
+    """(N, V) float32 label scores (> 0: predicted), batched by length, in input order. `scorer`
+    (train.py's CUDA graphs) replaces model.label_scores and gets full batches: one shape per length."""
+    device, parts = next(model.parameters()).device, []
     model.eval()
     order = np.argsort([len(t) for t in token_ids], kind='stable')
-    out = torch.zeros(len(token_ids), len(model.hierarchy))
-    parts = []
     for i in range(0, len(order), batch_size):
         idx = order[i:i + batch_size]
         docs = [token_ids[j] for j in idx]
         if scorer is not None:  # a full batch (empty texts added, their rows dropped): one shape per length
             docs += [docs[0][:0]] * (batch_size - len(docs))
-        b = to_device(make_batch(model, docs, [[]] * len(docs), multiple), device)
+        b = to_device(make_batch(model, docs, [[]] * len(docs), pad_multiple(device)), device)
         with autocast(device):
             scores = (scorer or model.label_scores)(input_ids=b['input_ids'], attention_mask=b['attention_mask'])
         parts.append((idx, scores[:len(idx)].clone()))  # a scorer's next call overwrites its output
-        if progress:
-            progress(len(idx))
+    out = torch.zeros(len(token_ids), len(model.hierarchy))
     for idx, s in parts:  # copy back at the end: no host sync between batches
         out[torch.from_numpy(idx)] = s.cpu()
     return out.numpy()
 
 
 def classify(model, tokenizer, texts):
-    """Predictions for raw texts: per text, the predicted labels, their paths as names by depth
-    (root first), every label's score, and whether the text was cut to the model's max_length.
-    An empty text gets an empty prediction."""
-    h = model.hierarchy
-    tokens, _ = tokenize(tokenizer, list(texts), model.text_budget(model.max_length) + 1)
-    budget = model.text_budget(model.max_length)
+    """Per raw text: the predicted labels, their paths as names (root first), every label's score,
+    whether it was cut to max_length; an empty text predicts nothing."""
+    h, budget = model.hierarchy, model.text_budget(model.max_length)
+    tokens, _ = tokenize(tokenizer, list(texts), budget + 1)
     keep = [i for i, t in enumerate(texts) if t.strip()]
     scores = score_documents(model, [tokens[i][:budget] for i in keep]) if keep else np.zeros((0, len(h)))
     out = [{'labels': [], 'paths': [], 'scores': {}, 'truncated': False} for _ in texts]
@@ -489,8 +438,8 @@ def classify(model, tokenizer, texts):
 
 
 # -----------------------------------------------------------------------------
-# Checkpoints: safetensors + JSON, no pickle. A kill at any instant leaves the old checkpoint or the
-# new one whole; loading checks lhmix.json by its own hash and every file by size and SHA-256.
+# Checkpoints: safetensors + JSON, no pickle; lhmix.json holds what rebuilds the LHMix, every file's size
+# and SHA-256 and its own hash, all checked on load (train.py makes the save survive a kill)
 
 CHECKPOINT_META, WEIGHTS, TRAIN_STATE = 'lhmix.json', 'model.safetensors', 'train_state.pt'
 META_HASH = 'meta_sha256'  # lhmix.json's hash of its other keys: a garbled but parseable file is refused too
@@ -509,79 +458,28 @@ def _meta_hash(meta):
     return hashlib.sha256(text.encode('utf-8')).hexdigest()
 
 
-def _fsync(path):  # a file or a folder
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _crash_point(step, folder):
-    """For the tests: LHMIX_CRASH_AT=step, or name:step for the folder `name` only, kills a save there."""
-    if os.environ.get('LHMIX_CRASH_AT') in (step, f'{os.path.basename(folder)}:{step}'):
-        os.kill(os.getpid(), 9)
-
-
 def save_checkpoint(folder, model, tokenizer, info, train_state=None):
-    """Writes model.safetensors, the HF config and tokenizer files, train_state.pt (`train_state`: tensors
-    for --resume) and lhmix.json (what rebuilds the LHMix, `info`, every file's size and SHA-256) into a
-    new version folder `folder.ckpt-*` with the umask's modes, switches the symbolic link `folder` to it
-    by one atomic rename, and removes older versions. Non-finite weights are refused, nothing written."""
+    """Writes the new folder `folder`: model.safetensors, the HF config and tokenizer files,
+    train_state.pt (`train_state`: tensors for --resume) and lhmix.json (what rebuilds the LHMix,
+    `info`, every file's size and SHA-256). Non-finite weights are refused, nothing written."""
     from safetensors.torch import save_model
     bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
     if bad:
         raise FloatingPointError(f'the weights are not finite ({bad[0]}{" and others" if len(bad) > 1 else ""}); '
                                  f'{folder} is not saved (try a lower --lr)')
-    folder, h = os.path.abspath(folder), model.hierarchy
-    parent, base = os.path.split(folder)
-    os.makedirs(parent, exist_ok=True)
-    version = os.path.join(parent, f'{base}.ckpt-{os.urandom(6).hex()}')
-    os.mkdir(version)
-    try:
-        save_model(model, os.path.join(version, WEIGHTS))
-        model.mlm.config.save_pretrained(version)
-        tokenizer.save_pretrained(version)
-        if train_state is not None:
-            torch.save(train_state, os.path.join(version, TRAIN_STATE))
-        parents = [h.labels[p] if p >= 0 else None for p in h.parent]
-        meta = {'arch': model.arch, 'base_vocab': model.base_vocab, 'special': model.special,
-                'max_length': model.max_length, 'hierarchy': {'labels': h.labels, 'names': h.names, 'parents': parents},
-                'files': {f: _digest(os.path.join(version, f)) for f in sorted(os.listdir(version))}, **info}
-        with open(os.path.join(version, CHECKPOINT_META), 'w', encoding='utf-8') as f:
-            json.dump({**meta, META_HASH: _meta_hash(meta)}, f, indent=1)
-        mask = os.umask(0)
-        os.umask(mask)
-        for path in [os.path.join(version, f) for f in os.listdir(version)] + [version]:
-            os.chmod(path, (0o777 if path == version else 0o666) & ~mask)  # safetensors writes 0600
-            _fsync(path)
-    except BaseException:
-        shutil.rmtree(version, ignore_errors=True)
-        raise
-    _crash_point('written', folder)
-    if os.path.lexists(folder + '.link'):
-        os.remove(folder + '.link')
-    os.symlink(os.path.basename(version), folder + '.link')
-    _crash_point('linked', folder)
-    if os.path.isdir(folder) and not os.path.islink(folder):  # a plain folder (copied by hand): set aside
-        os.replace(folder, f'{folder}.ckpt-{os.urandom(6).hex()}')
-    os.replace(folder + '.link', folder)  # atomic: `folder` names the old version or the new, never nothing
-    _fsync(parent)
-    _crash_point('switched', folder)
-    tidy_checkpoint(folder)
-
-
-def tidy_checkpoint(folder):
-    """Removes what a killed save_checkpoint left beside `folder`: the temporary link and the version
-    folders `folder` does not point to (all of them if it points to none)."""
-    folder = os.path.abspath(folder)
-    parent, base = os.path.split(folder)
-    keep = os.path.basename(os.readlink(folder)) if os.path.islink(folder) else None
-    if os.path.lexists(folder + '.link'):
-        os.remove(folder + '.link')
-    for f in os.listdir(parent) if os.path.isdir(parent) else []:
-        if f.startswith(base + '.ckpt-') and f != keep:
-            shutil.rmtree(os.path.join(parent, f), ignore_errors=True)
+    h = model.hierarchy
+    os.makedirs(folder)
+    save_model(model, os.path.join(folder, WEIGHTS))
+    model.mlm.config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    if train_state is not None:
+        torch.save(train_state, os.path.join(folder, TRAIN_STATE))
+    parents = [h.labels[p] if p >= 0 else None for p in h.parent]
+    meta = {'arch': model.arch, 'base_vocab': model.base_vocab, 'special': model.special,
+            'max_length': model.max_length, 'hierarchy': {'labels': h.labels, 'names': h.names, 'parents': parents},
+            'files': {f: _digest(os.path.join(folder, f)) for f in sorted(os.listdir(folder))}, **info}
+    with open(os.path.join(folder, CHECKPOINT_META), 'w', encoding='utf-8') as f:
+        json.dump({**meta, META_HASH: _meta_hash(meta)}, f, indent=1)
 
 
 def read_checkpoint_meta(folder):

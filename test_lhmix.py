@@ -788,7 +788,7 @@ def test_checkpoint_files_get_the_umask_modes(base_run, tmp_path):
     model, tok = tiny_model(lhmix.Hierarchy(PARENTS))
     old = os.umask(0o027)
     try:
-        lhmix.save_checkpoint(str(tmp_path / 'ck'), model, tok, {}, {'step': torch.zeros(1)})
+        train.save_atomically(str(tmp_path / 'ck'), model, tok, {}, {'step': torch.zeros(1)})
     finally:
         os.umask(old)
     version = os.path.realpath(tmp_path / 'ck')
@@ -1061,15 +1061,15 @@ def test_model_folder_asking_for_custom_code_refused_without_prompt(tmp_path, no
 def test_checkpoint_asking_for_custom_code_refused_without_prompt(base_run, tmp_path, no_prompt, make_evil):
     # a checkpoint whose lhmix.json lists the altered file with its right hash: only auto_map tells
     model, tok, meta = lhmix.load_checkpoint(str(base_run / 'best'))
-    lhmix.save_checkpoint(str(tmp_path / 'ck'), model, tok, {'args': meta['args'], 'epoch': 0})
-    version = tmp_path / os.readlink(tmp_path / 'ck')
-    path = make_evil(version)
-    with open(version / 'lhmix.json') as f:
+    ck = tmp_path / 'ck'
+    lhmix.save_checkpoint(str(ck), model, tok, {'args': meta['args'], 'epoch': 0})
+    path = make_evil(ck)
+    with open(ck / 'lhmix.json') as f:
         meta = json.load(f)
     meta['files'][path.name] = {'bytes': os.path.getsize(path), 'sha256': hashlib.sha256(path.read_bytes()).hexdigest()}
     meta['meta_sha256'] = hashlib.sha256(json.dumps({k: v for k, v in meta.items() if k != 'meta_sha256'},
                                                     sort_keys=True).encode()).hexdigest()
-    with open(version / 'lhmix.json', 'w') as f:
+    with open(ck / 'lhmix.json', 'w') as f:
         json.dump(meta, f)
     lhmix.read_checkpoint_meta(str(tmp_path / 'ck'))  # every hash right
     msg = error_of(lambda: evaluate.main(['--ckpt', str(tmp_path / 'ck'), '--data', 'demo', '--device', 'cpu']))

@@ -178,7 +178,7 @@ def setup(args):
                 except (ValueError, KeyError, TypeError):
                     raise ValueError(f'{path}:{n}: not a metrics line (corrupt file)') from None
         for name in ('best', 'last'):  # all checked: now remove what a kill during a save left
-            lhmix.tidy_checkpoint(os.path.join(args.out, name))
+            tidy_checkpoint(os.path.join(args.out, name))
     elif args.mix == 'lhmix':  # the initial encoder, frozen: encode every local hierarchy once (Sec. 4.1)
         run.table, run.rows = lhmix.local_hierarchy_table(model, tokenizer, run.labels)
         print(f'{len(run.table)} distinct local hierarchies encoded')
@@ -308,6 +308,63 @@ def train_epoch(run, epoch, bar):
     return line
 
 
+def _fsync(path):  # a file or a folder
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _crash_point(step, folder):
+    """For the tests: LHMIX_CRASH_AT=step, or name:step for the folder `name` only, kills a save there."""
+    if os.environ.get('LHMIX_CRASH_AT') in (step, f'{os.path.basename(folder)}:{step}'):
+        os.kill(os.getpid(), 9)
+
+
+def save_atomically(folder, model, tokenizer, info, train_state=None):
+    """lhmix.save_checkpoint into a new version folder `folder.ckpt-*`, its files given the umask's
+    modes and synced, then the symbolic link `folder` switched to it by one atomic rename and older
+    versions removed: a kill at any instant leaves the old checkpoint or the new one whole."""
+    folder = os.path.abspath(folder)
+    parent, base = os.path.split(folder)
+    version = os.path.join(parent, f'{base}.ckpt-{os.urandom(6).hex()}')
+    try:
+        lhmix.save_checkpoint(version, model, tokenizer, info, train_state)
+        mask = os.umask(0)
+        os.umask(mask)
+        for path in [os.path.join(version, f) for f in os.listdir(version)] + [version]:
+            os.chmod(path, (0o777 if path == version else 0o666) & ~mask)  # safetensors writes 0600
+            _fsync(path)
+    except BaseException:
+        shutil.rmtree(version, ignore_errors=True)
+        raise
+    _crash_point('written', folder)
+    if os.path.lexists(folder + '.link'):
+        os.remove(folder + '.link')
+    os.symlink(os.path.basename(version), folder + '.link')
+    _crash_point('linked', folder)
+    if os.path.isdir(folder) and not os.path.islink(folder):  # a plain folder (copied by hand): set aside
+        os.replace(folder, f'{folder}.ckpt-{os.urandom(6).hex()}')
+    os.replace(folder + '.link', folder)  # atomic: `folder` names the old version or the new, never nothing
+    _fsync(parent)
+    _crash_point('switched', folder)
+    tidy_checkpoint(folder)
+
+
+def tidy_checkpoint(folder):
+    """Removes what a killed save_atomically left beside `folder`: the temporary link and the version
+    folders `folder` does not point to (all of them if it points to none)."""
+    folder = os.path.abspath(folder)
+    parent, base = os.path.split(folder)
+    keep = os.path.basename(os.readlink(folder)) if os.path.islink(folder) else None
+    if os.path.lexists(folder + '.link'):
+        os.remove(folder + '.link')
+    for f in os.listdir(parent) if os.path.isdir(parent) else []:
+        if f.startswith(base + '.ckpt-') and f != keep:
+            shutil.rmtree(os.path.join(parent, f), ignore_errors=True)
+
+
 def save_epoch(run, line):
     """best/ when dev macro-F1 improved, metrics.jsonl, then last/ (a kill between them re-runs the
     epoch on --resume and replaces its metrics line)."""
@@ -315,8 +372,8 @@ def save_epoch(run, line):
     run.history.append(line)
     if line['dev_macro_f1'] > run.state['best']:
         run.state['best'], run.state['bad_epochs'] = line['dev_macro_f1'], 0
-        lhmix.save_checkpoint(os.path.join(args.out, 'best'), run.model, run.tokenizer,
-                              {**info, 'epoch': line['epoch'], 'dev': line})
+        save_atomically(os.path.join(args.out, 'best'), run.model, run.tokenizer,
+                        {**info, 'epoch': line['epoch'], 'dev': line})
     else:
         run.state['bad_epochs'] += 1
     path = os.path.join(args.out, 'metrics.jsonl')
@@ -327,7 +384,7 @@ def save_epoch(run, line):
     extra = {'optimizer': run.opt.state_dict(), 'scaler': run.scaler.state_dict()}
     if run.table is not None:
         extra.update(table=run.table, rows=run.rows)
-    lhmix.save_checkpoint(os.path.join(args.out, 'last'), run.model, run.tokenizer, {**info, 'state': run.state}, extra)
+    save_atomically(os.path.join(args.out, 'last'), run.model, run.tokenizer, {**info, 'state': run.state}, extra)
 
 
 def finish(run):
