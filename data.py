@@ -313,8 +313,8 @@ def resolve_ids(value_dict, hierarchy, doc_labels, value_dict_file, taxonomy):
         last.setdefault(v.rsplit('/', 1)[-1], []).append(i)
     with_id = {}
     for labels in doc_labels:
-        names = {value_dict[v] for v in labels if type(v) is int} | {v.rsplit('/', 1)[-1] for v in labels
-                                                                       if isinstance(v, str)}
+        names = ({value_dict[v] for v in labels if type(v) is int}
+                 | {v.rsplit('/', 1)[-1] for v in labels if isinstance(v, str)})
         for v in labels:
             if type(v) is int:
                 with_id.setdefault(v, []).append(names)
@@ -371,7 +371,6 @@ def load_demo(seed=0, sizes=(1200, 300, 300)):
     return hierarchy, {s: [doc() for _ in range(n)] for s, n in zip(('train', 'dev', 'test'), sizes)}
 
 
-
 def tiny_bert(texts, max_words=8000):
     """A 2-layer, 128-wide BERT with a word-level vocabulary written on the fly (no download)."""
     from transformers import AutoModelForMaskedLM, BertConfig, BertTokenizerFast
@@ -415,8 +414,6 @@ def load_pretrained(name):
         hint = '' if looks_local else ' (not a local folder; without internet, pass a local folder or --model tiny)'
         raise ValueError(f'could not load model {name!r}{hint}: {why}') from None
     return mlm.float(), tokenizer  # fp32 master weights even from an fp16 checkpoint; autocast does the rest
-
-
 
 
 def load_data(name, data_dir=None):

@@ -79,7 +79,6 @@ def _as_matrix(x, num_labels):
 # Scoring a checkpoint or a prediction file
 
 
-
 def read_predictions(path, hierarchy, n):
     """(n, V) bool predictions from a JSONL file of {"labels": [label name, ...]}, one line per
     document of the split (blank lines skipped); any line not of that form is an error naming it."""
