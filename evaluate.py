@@ -21,6 +21,8 @@ import torch
 import data
 import lhmix
 
+METRICS, TEST_METRICS = 'metrics.jsonl', 'test_metrics.json'  # a train.py run's figures, beside best/ and last/
+
 # -----------------------------------------------------------------------------
 # F1 as HiAGM and every HTC baseline compute it, with the paper's per-depth and frequency breakdown
 
@@ -154,9 +156,9 @@ def summary(run_dirs):
     group and Welch's p-value of each group against the first one."""
     groups = {}
     for run in run_dirs:
-        metrics, meta = os.path.join(run, 'test_metrics.json'), os.path.join(run, 'best', 'lhmix.json')
+        metrics, meta = os.path.join(run, TEST_METRICS), os.path.join(run, 'best', lhmix.CHECKPOINT_META)
         if not (os.path.exists(metrics) and os.path.exists(meta)):
-            raise FileNotFoundError(f'{run!r}: no test_metrics.json or best/lhmix.json (did the run finish?)')
+            raise FileNotFoundError(f'{run!r}: no {TEST_METRICS} or best/{lhmix.CHECKPOINT_META} (did the run finish?)')
         with open(meta) as f:
             args = json.load(f)['args']
         with open(metrics) as f:

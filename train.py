@@ -83,7 +83,7 @@ def parse(argv=None):
         p.error(f'--batch must be even with Mixup (documents are mixed in pairs), got {args.batch}')
     args.device = str(evaluate.parse_device(p, args.device))
     args.out = args.out or os.path.join('out', f'{os.path.basename(args.data.rstrip("/"))}-{args.arch}-{args.mix}-s{args.seed}')
-    problem = evaluate.output_problem(os.path.join(args.out, 'metrics.jsonl'))  # the folder is made later
+    problem = evaluate.output_problem(os.path.join(args.out, evaluate.METRICS))  # the folder is made later
     if problem:
         p.error(f'--out {args.out}: {problem}')
     if args.resume and args.overwrite:
@@ -167,7 +167,7 @@ def setup(args):
             run.table, run.rows, run.state = saved.get('table'), saved.get('rows'), meta['state']
         except Exception as e:  # unpickling, a missing key or a wrong shape: one line, not a traceback
             raise ValueError(f'{path}: cannot be read ({type(e).__name__}: {" ".join(str(e).split())})') from None
-        path = os.path.join(args.out, 'metrics.jsonl')
+        path = os.path.join(args.out, evaluate.METRICS)
         run.history = []
         with open(path, encoding='utf-8') as f:
             for n, line in enumerate(f, 1):
@@ -376,10 +376,7 @@ def save_epoch(run, line):
                         {**info, 'epoch': line['epoch'], 'dev': line})
     else:
         run.state['bad_epochs'] += 1
-    path = os.path.join(args.out, 'metrics.jsonl')
-    with open(path + '.tmp', 'w') as f:
-        f.writelines(json.dumps(h) + '\n' for h in run.history)
-    os.replace(path + '.tmp', path)
+    evaluate.write_atomically(os.path.join(args.out, evaluate.METRICS), ''.join(json.dumps(h) + '\n' for h in run.history))
     run.state['epoch'] = line['epoch'] + 1
     extra = {'optimizer': run.opt.state_dict(), 'scaler': run.scaler.state_dict()}
     if run.table is not None:
@@ -394,8 +391,7 @@ def finish(run):
     pred = lhmix.score_documents(best, run.tokens['test']) > 0
     result = evaluate.report(pred, run.test_gold, run.hierarchy, run.all_train)
     result.update(best_epoch=meta['epoch'], checkpoint=os.path.join(args.out, 'best'))
-    with open(os.path.join(args.out, 'test_metrics.json'), 'w') as f:
-        json.dump(result, f, indent=1)
+    evaluate.write_atomically(os.path.join(args.out, evaluate.TEST_METRICS), json.dumps(result, indent=1))
     print(f"test micro-F1 {100 * result['micro_f1']:.2f}  macro-F1 {100 * result['macro_f1']:.2f}  "
           f"(best dev epoch {meta['epoch']}, {args.out})")
 
