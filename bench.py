@@ -30,11 +30,29 @@ LENGTHS = {'wos': (284, 100), 'nyt': (600, 250), 'short': (100, 60)}  # word-pie
 SPECIAL = {'pad': 0, 'cls': 101, 'sep': 102, 'mask': 103}
 
 
+DOMAINS, AREAS = 7, 134  # WOS's shape: 141 labels, depth 2
+
+
 def wos_like_hierarchy():
-    """7 domains with 134 areas between them: WOS's shape (141 labels, depth 2)."""
-    parents = {f'd{i}': None for i in range(7)}
-    parents.update({f'a{j}': f'd{j % 7}' for j in range(134)})
+    """DOMAINS domains with AREAS areas between them."""
+    parents = {f'd{i}': None for i in range(DOMAINS)}
+    parents.update({f'a{j}': f'd{j % DOMAINS}' for j in range(AREAS)})
     return lhmix.Hierarchy(parents)
+
+
+def random_labels(n, rng):
+    """n gold label sets of wos_like_hierarchy's shape: a domain id and an area id (after the domains)."""
+    return [[int(rng.integers(DOMAINS)), DOMAINS + int(rng.integers(AREAS))] for _ in range(n)]
+
+
+def random_table(model, n, rng):
+    """Stand-ins for train.py's cached local hierarchies (on the CPU): 64 embeddings, one row per document."""
+    return torch.randn(64, model.mlm.config.hidden_size), torch.from_numpy(rng.integers(0, 64, n))
+
+
+def sync(device):
+    if device.type == 'cuda':
+        torch.cuda.synchronize()
 
 
 def make_model(size, arch, device):
@@ -55,13 +73,10 @@ def compare(fns, batches, device, rounds):
     """{name: (median ms per call, peak GiB)}: each fn is warmed up over every batch (each shape seen
     once: graphs are captured then), then the fns are timed in turn, `rounds` times, so that drifts
     hit them all alike."""
-    def sync():
-        if device.type == 'cuda':
-            torch.cuda.synchronize()
     for fn in fns.values():
         for b in batches:
             fn(b)
-    sync()
+    sync(device)
     if device.type == 'cuda':
         torch.cuda.set_sync_debug_mode('warn')  # any implicit host sync inside a call is reported
     times, peak = {k: [] for k in fns}, {}
@@ -72,7 +87,7 @@ def compare(fns, batches, device, rounds):
             t0 = time.perf_counter()
             for b in batches:
                 fn(b)
-            sync()
+            sync(device)
             times[k].append((time.perf_counter() - t0) / len(batches) * 1000)
             peak[k] = torch.cuda.max_memory_allocated() / 2 ** 30 if device.type == 'cuda' else float('nan')
     if device.type == 'cuda':
@@ -136,8 +151,8 @@ def pairing_cost(args, model, step, device, rng):
     """The LH-Mix step on paired batches (train.py's) against unpaired length-bucketed batches
     (partners a random permutation inside each batch), same documents, all length buckets."""
     docs = documents(args.batch * args.steps, args.lengths, SIZES[args.size]['vocab_size'], model.text_budget(512), rng)
-    labels = [[int(rng.integers(7)), 7 + int(rng.integers(134))] for _ in docs]
-    table, rows = torch.randn(64, model.mlm.config.hidden_size), torch.from_numpy(rng.integers(0, 64, len(docs)))
+    labels = random_labels(len(docs), rng)
+    table, rows = random_table(model, len(docs), rng)
     multiple = lhmix.pad_multiple(device)
     lengths = [len(d) for d in docs]
     paired = lhmix.train_batches(lengths, args.batch, np.random.default_rng(1), paired=True)
@@ -160,9 +175,8 @@ def train_steps(args, device, rng, graphs, compiled):
     multiple = lhmix.pad_multiple(device)
     max_text = model.text_budget(512)
     docs = documents(args.batch * args.steps * 4, args.lengths, SIZES[args.size]['vocab_size'], max_text, rng)
-    labels = [[int(rng.integers(7)), 7 + int(rng.integers(134))] for _ in docs]
-    table = torch.randn(64, model.mlm.config.hidden_size)  # cached local hierarchies (on the CPU, as in train.py)
-    rows = torch.from_numpy(rng.integers(0, 64, len(docs)))
+    labels = random_labels(len(docs), rng)
+    table, rows = random_table(model, len(docs), rng)
     order = lhmix.train_batches([len(d) for d in docs], args.batch, rng, paired=True)
     T = [_pad_len(model, max(len(docs[i]) for i in idx), multiple) for idx, _ in order]
     common = max(set(T), key=T.count)
@@ -178,8 +192,7 @@ def train_steps(args, device, rng, graphs, compiled):
     def first_call(name, fn):  # the first call captures or compiles its one graph
         t0 = time.perf_counter()
         fn(static_b[0])
-        if device.type == 'cuda':
-            torch.cuda.synchronize()
+        sync(device)
         setup_s[name] = time.perf_counter() - t0
     if graphs:
         step_g = trainer(make_model(args.size, 'prompt', device), True)
@@ -209,8 +222,7 @@ def profile(fns, batches, device):
         with profile(activities=activities) as prof:
             for b in batches:
                 fn(b)
-            if device.type == 'cuda':
-                torch.cuda.synchronize()
+            sync(device)
         events = prof.key_averages()
         cpu = sum(e.self_cpu_time_total for e in events) / len(batches) / 1000
         gpu = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CPU) / len(batches) / 1000
@@ -222,17 +234,14 @@ def profile(fns, batches, device):
 def eval_throughput(model, args, device, rng, graphs):
     """documents/s of lhmix.score_documents over WOS-like lengths (every bucket), eager and replayed
     from CUDA graphs, each after a first pass (which captures the graphs: its time is reported)."""
-    def speed(scorer):
-        t0 = time.perf_counter()
-        lhmix.score_documents(model, docs, scorer=scorer)
-        if device.type == 'cuda':
-            torch.cuda.synchronize()
-        first = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        lhmix.score_documents(model, docs, scorer=scorer)
-        if device.type == 'cuda':
-            torch.cuda.synchronize()
-        return len(docs) / (time.perf_counter() - t0), first
+    def speed(scorer):  # (documents/s of the second pass, seconds of the first)
+        seconds = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            lhmix.score_documents(model, docs, scorer=scorer)
+            sync(device)
+            seconds.append(time.perf_counter() - t0)
+        return len(docs) / seconds[1], seconds[0]
     docs = documents(args.eval_docs, args.lengths, SIZES[args.size]['vocab_size'], model.text_budget(512), rng)
     out = {'eager': speed(None)}
     if graphs:
@@ -251,21 +260,19 @@ def epoch_run(args, device, graphs):
     """Training epochs (LH-Mix, MLM on) each with its dev evaluation at WOS's size, through train.py's
     own train_epoch (lhmix.train_batches, make_batch, train.make_step, lhmix.score_documents). With
     `graphs`, two epochs: the first captures the graphs, the second replays them (and any new shape)."""
-    import argparse as ap
     rng = np.random.default_rng(5)
     model = make_model(args.size, 'prompt', device)
     n_train, n_dev = max(32, int(30070 * args.epoch_scale)), max(16, int(7518 * args.epoch_scale))
     vocab, max_text = SIZES[args.size]['vocab_size'], model.text_budget(512)
     tokens = {'train': documents(n_train, args.lengths, vocab, max_text, rng),
               'dev': documents(n_dev, args.lengths, vocab, max_text, rng)}
-    labels = [[int(rng.integers(7)), 7 + int(rng.integers(134))] for _ in tokens['train']]
-    dev_gold = [[int(rng.integers(7)), 7 + int(rng.integers(134))] for _ in tokens['dev']]
-    targs = ap.Namespace(**{**train.PAPER, 'warmup_epochs': 0, 'no_mlm': False})
+    labels, dev_gold = random_labels(n_train, rng), random_labels(n_dev, rng)
+    table, rows = random_table(model, n_train, rng)
+    targs = argparse.Namespace(**{**train.PAPER, 'warmup_epochs': 0, 'no_mlm': False})
     step = trainer(model, graphs)
-    run = ap.Namespace(args=targs, device=device, hierarchy=model.hierarchy, model=model, tokens=tokens,
-                       labels=labels, dev_gold=dev_gold, table=torch.randn(64, model.mlm.config.hidden_size),
-                       rows=torch.from_numpy(rng.integers(0, 64, n_train)), graphs=graphs, step=step,
-                       score_graphs=train.CUDAGraphs(model.label_scores) if graphs else None)
+    run = argparse.Namespace(args=targs, device=device, hierarchy=model.hierarchy, model=model, tokens=tokens,
+                             labels=labels, dev_gold=dev_gold, table=table, rows=rows, graphs=graphs, step=step,
+                             score_graphs=train.CUDAGraphs(model.label_scores) if graphs else None)
     times, counts = [], []
     for epoch in range(2 if graphs else 1):
         t0 = time.perf_counter()
