@@ -104,7 +104,7 @@ def trainer(model, graphs):
     device = next(model.parameters()).device
     opt = torch.optim.Adam(model.parameters(), lr=train.PAPER['lr'], fused=device.type == 'cuda', capturable=graphs)
     scaler = torch.amp.GradScaler(device.type, enabled=False)
-    return train.make_step(model, opt, scaler, train.PAPER['zmlce_rows'], graphs)
+    return train.make_step(model, opt, scaler, graphs)
 
 
 def lhmix_step(step, device, mix='lhmix'):
@@ -125,7 +125,7 @@ class Floor(torch.nn.Module):
         super().__init__()
         self.encoder = encoder
 
-    def forward(self, input_ids, attention_mask, rows=None):
+    def forward(self, input_ids, attention_mask):
         return self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state.float().square().mean()
 
 

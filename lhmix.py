@@ -267,19 +267,16 @@ def mixed_zmlce(scores, targets_i, targets_j, lam, valid=None):
 
 
 def training_loss(model, input_ids, attention_mask, targets, partner=None, lam=None, mlm_pos=None,
-                  mlm_labels=None, rows='depth'):
+                  mlm_labels=None):
     """One batch's loss: ZMLCE summed over rows (Eq. 2), given `partner`/`lam` of the Mixup with each
     document's partner (Eqs. 5-7), averaged over documents, plus HPT's MLM term where positions are
-    masked. rows='depth': Eq. 2, a row per depth over V^d; 'document': the authors' code, one row."""
+    masked. Eq. 2's rows: one per depth, over V^d (the authors' code makes one per document)."""
     hidden = model.encode(input_ids, attention_mask)
     h = model.slots(hidden)
     if partner is not None:
         h = mix_hidden(h, h[partner], lam)                          # Eq. 5
     p = model.score(h)                                              # Eq. 1 / Eq. 6: p~ = f(h~)
-    v = model.valid
-    if rows != 'depth':
-        p, v = model.per_label(p)[:, None], None
-    t = targets[:, None, :]
+    v, t = model.valid, targets[:, None, :]
     loss = zmlce(p, t, v) if partner is None else mixed_zmlce(p, t, t[partner], lam, v)  # Eq. 2 or Eq. 7
     loss = loss.sum(-1).mean()
     if mlm_pos is not None:

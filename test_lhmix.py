@@ -1429,7 +1429,7 @@ def _run_steps(model, docs, labels, device, mix, graphs, steps=10):
     """train.py's step (train.make_step) over an epoch's batches twice, with Mixup ratios and MLM positions."""
     rng = np.random.default_rng(1)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=device.type == 'cuda', capturable=graphs)
-    step = train.make_step(model, opt, torch.amp.GradScaler(device.type, enabled=False), 'depth', graphs)
+    step = train.make_step(model, opt, torch.amp.GradScaler(device.type, enabled=False), graphs)
     model.train()
     losses = []
     for idx, partner in (lhmix.train_batches([len(d) for d in docs], 8, rng, paired=mix) * 2)[:steps]:

@@ -26,8 +26,7 @@ import lhmix
 # The paper's settings (Sec. 5.2): bert-base-uncased, Adam at 3e-5, batch 16, 5 epochs without Mixup
 # first, early stopping after 5 epochs without a better dev macro-F1, alpha 1 and beta 0.75 for Eq. 4.
 PAPER = dict(model='bert-base-uncased', arch='prompt', mix='lhmix', alpha=1.0, beta=0.75, mix_alpha=1.0,
-             zmlce_rows='depth', warmup_epochs=5, epochs=100, early_stop=5, batch=16, lr=3e-5,
-             max_length=512, seed=0, train_fraction=1.0)
+             warmup_epochs=5, epochs=100, early_stop=5, batch=16, lr=3e-5, max_length=512, seed=0, train_fraction=1.0)
 DEMO = dict(model='tiny', epochs=12, warmup_epochs=4, lr=1e-3, max_length=128)  # --data demo: a minute on a CPU
 MLM_RATE = 0.15  # HPT's auxiliary MLM loss masks 15% of the text word-pieces
 RESUMABLE = ('epochs', 'device')  # what --resume may change; every other argument is the run's own
@@ -44,8 +43,6 @@ def parse(argv=None):
     p.add_argument('--alpha', type=float, help='alpha of Eq. 4 (> 0)')
     p.add_argument('--beta', type=float, help='beta of Eq. 4, in (0.5, 1]')
     p.add_argument('--mix-alpha', type=float, help='a of Beta(a, a) for vanilla Mixup (> 0)')
-    p.add_argument('--zmlce-rows', choices=['depth', 'document'],
-                   help="ZMLCE rows: one per depth (the paper's Eq. 2) or one per document (the authors' code)")
     p.add_argument('--warmup-epochs', type=int, help='epochs without Mixup first')
     p.add_argument('--epochs', type=int, help='at most this many epochs')
     p.add_argument('--early-stop', type=int, help='patience in epochs on dev macro-F1')
@@ -182,7 +179,7 @@ def setup(args):
     elif args.mix == 'lhmix':  # the initial encoder, frozen: encode every local hierarchy once (Sec. 4.1)
         run.table, run.rows = lhmix.local_hierarchy_table(model, tokenizer, run.labels)
         print(f'{len(run.table)} distinct local hierarchies encoded')
-    run.step = make_step(model, opt, scaler, args.zmlce_rows, graphs)
+    run.step = make_step(model, opt, scaler, graphs)
     run.score_graphs = CUDAGraphs(model.label_scores) if graphs else None
     return run
 
@@ -230,7 +227,7 @@ class CUDAGraphs:
         return out
 
 
-def make_step(model, opt, scaler, rows, graphs):
+def make_step(model, opt, scaler, graphs):
     """step(**batch) -> the batch's loss (a device scalar: no host sync): forward, backward, Adam.
     With `graphs`, each batch shape's step is captured once as a CUDA graph and replayed after
     (CUDAGraphs); the gradients then stay allocated, zeroed inside the graph."""
@@ -238,7 +235,7 @@ def make_step(model, opt, scaler, rows, graphs):
 
     def forward_backward(**batch):
         with lhmix.autocast(device):
-            loss = model(**batch, rows=rows)
+            loss = model(**batch)
         scaler.scale(loss).backward()
         return loss.detach()
 
