@@ -956,6 +956,21 @@ def test_resume_with_nothing_saved(tmp_path):
     assert not out.exists()
 
 
+def test_resume_refuses_a_run_with_the_removed_document_rows(base_run, tmp_path):
+    out = copy_run(base_run, tmp_path / 'run')
+    path = os.path.join(os.path.realpath(out / 'last'), lhmix.CHECKPOINT_META)
+    with open(path) as f:
+        meta = json.load(f)
+    meta['args']['zmlce_rows'] = 'document'  # as e6a521d saved it, with a valid hash
+    meta[lhmix.META_HASH] = lhmix._meta_hash(meta)
+    with open(path, 'w') as f:
+        json.dump(meta, f)
+    before = tree_state(out)
+    msg = error_of(lambda: train.main(resume_argv(out, 2)))
+    assert 'trained with --zmlce-rows document, which this version no longer has' in msg
+    assert tree_state(out) == before
+
+
 def test_resume_keeps_the_saved_data_and_model_and_says_so(base_run, tmp_path, capsys):
     out = copy_run(base_run, tmp_path / 'run')
     elsewhere = tmp_path / 'other-data'

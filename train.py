@@ -102,6 +102,9 @@ def resume_args(args):
     saved = meta.get('args')
     if not isinstance(saved, dict) or lhmix.TRAIN_STATE not in meta['files']:
         raise ValueError(f'{last}: not a checkpoint train.py can resume (no saved arguments or train_state.pt)')
+    if saved.get('zmlce_rows', 'depth') != 'depth':  # the authors' ZMLCE rows, an option until e6a521d
+        raise ValueError(f'{last}: trained with --zmlce-rows {saved["zmlce_rows"]}, which this version no longer '
+                         'has; resume it with commit e6a521d')
     for k in [k for k in args.given if k not in RESUMABLE] + ['data', 'data_dir']:
         if getattr(args, k) != saved.get(k):
             print(f'--resume: the run keeps its saved --{k.replace("_", "-")} {saved.get(k)} (not {getattr(args, k)})')
