@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 import lhmix
 import train
@@ -251,11 +252,6 @@ def eval_throughput(model, args, device, rng, graphs):
     return out
 
 
-class _Bar:
-    def update(self, n):
-        pass
-
-
 def epoch_run(args, device, graphs):
     """Training epochs (LH-Mix, MLM on) each with its dev evaluation at WOS's size, through train.py's
     own train_epoch (lhmix.train_batches, make_batch, train.make_step, lhmix.score_documents). With
@@ -276,7 +272,7 @@ def epoch_run(args, device, graphs):
     times, counts = [], []
     for epoch in range(2 if graphs else 1):
         t0 = time.perf_counter()
-        line = train.train_epoch(run, epoch, _Bar())
+        line = train.train_epoch(run, epoch, tqdm(disable=True))  # no progress bar
         total = time.perf_counter() - t0
         times.append((total, line['seconds'], total - line['seconds']))
         counts.append((len(step.graphs), len(run.score_graphs.graphs)) if graphs else None)
