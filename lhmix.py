@@ -2,10 +2,7 @@
 Wang, KDD 2025), top-down in the paper's order: Sec. 3 (Eqs. 1, 2, 8), Sec. 4 (Eqs. 3-7); then feeding
 the model, checkpoints, and an appendix: ZMLCE's fused Triton kernels for CUDA. It imports nothing of
 this project's, so it can be copied alone."""
-import hashlib
-import json
 import math
-import os
 
 import numpy as np
 import torch
@@ -89,6 +86,11 @@ class LHMix(nn.Module):
             valid = torch.arange(1, D + 1)[:, None] == torch.tensor(hierarchy.depth)
         else:
             self.prefix, self.classifier = [special['cls']], nn.Linear(mlm.config.hidden_size, V)
+            # dropout on [CLS] before the linear layer, as HF's BertForSequenceClassification and
+            # HGCLR's BERT baseline (0.1 for BERT)
+            c = mlm.config
+            p = getattr(c, 'classifier_dropout', None)
+            self.dropout = nn.Dropout(getattr(c, 'hidden_dropout_prob', 0.1) if p is None else p)
             valid = torch.ones(1, V, dtype=torch.bool)
         self.register_buffer('valid', valid, persistent=False)  # (rows, V): labels each row scores
 
@@ -112,7 +114,7 @@ class LHMix(nn.Module):
     def score(self, slot_hidden):
         """Eq. 1: (B, rows, V) label scores p^d; only `self.valid` entries are meaningful."""
         if self.arch == 'bert':
-            return self.classifier(slot_hidden)
+            return self.classifier(self.dropout(slot_hidden))
         return self.transform(slot_hidden) @ self.label_embeddings().t() + self.label_bias
 
     def per_label(self, scores):
@@ -204,7 +206,7 @@ def local_hierarchy_ids(model, label_ids, name_ids):
 
 @torch.no_grad()
 def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
-    """(table (U, H), each set's row (N,)) on the CPU, where a step's rows travel with its batch: the
+    """(table (U, H), each set's row (N,)) on the model's device, where the step gathers them: the
     [CLS] embeddings of the distinct local hierarchies. Called before training, the model is the
     paper's frozen initial encoder (Sec. 4.1), deterministic, so each is encoded once."""
     keys = [tuple(sorted(s)) for s in label_sets]
@@ -219,7 +221,7 @@ def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
         out.append(model.encode(ids.to(device), mask.to(device))[:, 0].float())
     model.train(was_training)
     row = {k: i for i, k in enumerate(distinct)}
-    return torch.cat(out).cpu(), torch.tensor([row[k] for k in keys])
+    return torch.cat(out), torch.tensor([row[k] for k in keys], device=device)
 
 
 def hierarchy_similarity(h_i, h_j):
@@ -236,18 +238,10 @@ def mixup_ratio(s, alpha, beta):
     return -(beta - 0.5) * s ** alpha + beta
 
 
-def pair_ratios(mix, partner, hier=None, alpha=1.0, beta=0.75, mix_alpha=1.0):
-    """One lambda per document for its `partner` (a position in the batch): by Eqs. 3-4 from `hier`
-    (B, H), the local-hierarchy embeddings ('lhmix'), or Beta(a, a) folded to max(lambda, 1 - lambda)
-    ('mixup', the vanilla ablation). Made on the CPU: no kernel launch."""
-    if mix == 'lhmix':
-        return mixup_ratio(hierarchy_similarity(hier, hier[partner]), alpha, beta)
-    if mix != 'mixup':
-        raise ValueError(f"unknown mix {mix!r} ('lhmix' or 'mixup')")
-    if not mix_alpha > 0:
-        raise ValueError(f'mix_alpha must be > 0, got {mix_alpha}')
-    lam = torch.distributions.Beta(float(mix_alpha), float(mix_alpha)).sample(partner.shape)
-    return torch.maximum(lam, 1 - lam)
+def pair_ratios(hier, partner, alpha, beta):
+    """Eq. 4 of Eq. 3: one lambda per document for its `partner` (a position in the batch), from `hier`
+    (B, H), the documents' local-hierarchy embeddings; on hier's device, no host sync (CUDA graphs)."""
+    return mixup_ratio(hierarchy_similarity(hier, hier[partner]), alpha, beta)
 
 
 def _per_row(lam, like):
@@ -352,32 +346,21 @@ def to_device(batch, device):
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def train_batches(lengths, batch_size, rng, paired, chunk=64):
-    """One epoch's batches as (document ids, partner positions or None). The shuffle is cut into pairs
-    first when `paired` (a partner is uniformly random whatever the batching; an odd one out takes any
-    of its batch), sorted by length within chunks of `chunk` batches (less padding), batches shuffled."""
-    perm, lengths = rng.permutation(len(lengths)), np.asarray(lengths)
-    unit = 2 if paired else 1  # pairs, or single documents
-    units, per_batch = [perm[i:i + unit] for i in range(0, len(perm), unit)], batch_size // unit
-    size = np.array([lengths[u].max() for u in units])
-    batches = []
-    for i in range(0, len(units), per_batch * chunk):
-        part = np.arange(i, min(i + per_batch * chunk, len(units)))
-        part = part[np.argsort(size[part], kind='stable')]
-        for k in range(0, len(part), per_batch):
-            members = [units[j] for j in part[k:k + per_batch]]
-            idx = np.concatenate(members)
-            partner = None
-            if paired:
-                partner, start = np.arange(len(idx)), 0
-                for u in members:
-                    if len(u) == 2:
-                        partner[start:start + 2] = start + 1, start
-                    elif len(idx) > 1:  # the odd one out: any other document of the batch
-                        partner[start] = (start + 1 + rng.integers(len(idx) - 1)) % len(idx)
-                    start += len(u)
-                partner = torch.from_numpy(partner)
-            batches.append((idx, partner))
+def train_batches(lengths, batch_size, rng, mixing, chunk=64):
+    """One epoch's batches as (document ids, partner positions or None). With `mixing`, batches are
+    slices of a uniform shuffle and partners a uniformly random permutation of each batch (the
+    authors' torch.randperm(B), Zhang et al.'s Mixup): one-way, and pi(i) == i leaves row i clean.
+    Without, documents are sorted by length within chunks of `chunk` batches (less padding), and
+    the batches shuffled: a partner would then be chosen by length."""
+    perm = rng.permutation(len(lengths))
+    if mixing:
+        return [(idx, rng.permutation(len(idx))) for idx in
+                (perm[i:i + batch_size] for i in range(0, len(perm), batch_size))]
+    lengths, batches = np.asarray(lengths), []
+    for i in range(0, len(perm), batch_size * chunk):
+        part = perm[i:i + batch_size * chunk]
+        part = part[np.argsort(lengths[part], kind='stable')]
+        batches += [(part[k:k + batch_size], None) for k in range(0, len(part), batch_size)]
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
@@ -414,141 +397,6 @@ def score_documents(model, token_ids, batch_size=128, scorer=None):
     for idx, s in parts:  # copy back at the end: no host sync between batches
         out[torch.from_numpy(idx)] = s.cpu()
     return out.numpy()
-
-
-def classify(model, tokenizer, texts):
-    """Per raw text: the predicted labels, their paths as names (root first), every label's score,
-    whether it was cut to max_length; an empty text predicts nothing."""
-    h, budget = model.hierarchy, model.text_budget(model.max_length)
-    tokens, _ = tokenize(tokenizer, list(texts), budget + 1)
-    keep = [i for i, t in enumerate(texts) if t.strip()]
-    scores = score_documents(model, [tokens[i][:budget] for i in keep]) if keep else np.zeros((0, len(h)))
-    out = [{'labels': [], 'paths': [], 'scores': {}, 'truncated': False} for _ in texts]
-    for i, s in zip(keep, scores):
-        on = set(np.flatnonzero(s > 0).tolist())
-        leaves = [v for v in sorted(on) if not any(h.parent[c] == v for c in on)]
-        out[i] = {'labels': [h.labels[v] for v in sorted(on, key=lambda v: (h.depth[v], v))],
-                  'paths': [[h.names[a] for a in h.path(v)] for v in leaves],
-                  'scores': {h.labels[v]: round(float(s[v]), 4) for v in range(len(h))},
-                  'truncated': len(tokens[i]) > budget}
-    return out
-
-
-# -----------------------------------------------------------------------------
-# Checkpoints: safetensors + JSON, no pickle; lhmix.json holds what rebuilds the LHMix, every file's size
-# and SHA-256 and its own hash, all checked on load (train.py makes the save survive a kill)
-
-CHECKPOINT_META, WEIGHTS, TRAIN_STATE = 'lhmix.json', 'model.safetensors', 'train_state.pt'
-META_HASH = 'meta_sha256'  # lhmix.json's hash of its other keys: a garbled but parseable file is refused too
-
-
-def _digest(path):
-    h = hashlib.sha256()
-    with open(path, 'rb') as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return {'bytes': os.path.getsize(path), 'sha256': h.hexdigest()}
-
-
-def _meta_hash(meta):
-    text = json.dumps({k: v for k, v in meta.items() if k != META_HASH}, sort_keys=True)
-    return hashlib.sha256(text.encode('utf-8')).hexdigest()
-
-
-def save_checkpoint(folder, model, tokenizer, info, train_state=None):
-    """Writes the new folder `folder`: model.safetensors, the HF config and tokenizer files,
-    train_state.pt (`train_state`: tensors for --resume) and lhmix.json (what rebuilds the LHMix,
-    `info`, every file's size and SHA-256). Non-finite weights are refused, nothing written."""
-    from safetensors.torch import save_model
-    bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
-    if bad:
-        raise FloatingPointError(f'the weights are not finite ({bad[0]}{" and others" if len(bad) > 1 else ""}); '
-                                 f'{folder} is not saved (try a lower --lr)')
-    h = model.hierarchy
-    os.makedirs(folder)
-    save_model(model, os.path.join(folder, WEIGHTS))
-    model.mlm.config.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    if train_state is not None:
-        torch.save(train_state, os.path.join(folder, TRAIN_STATE))
-    parents = [h.labels[p] if p >= 0 else None for p in h.parent]
-    meta = {'arch': model.arch, 'base_vocab': model.base_vocab, 'special': model.special,
-            'max_length': model.max_length, 'hierarchy': {'labels': h.labels, 'names': h.names, 'parents': parents},
-            'files': {f: _digest(os.path.join(folder, f)) for f in sorted(os.listdir(folder))}, **info}
-    with open(os.path.join(folder, CHECKPOINT_META), 'w', encoding='utf-8') as f:
-        json.dump({**meta, META_HASH: _meta_hash(meta)}, f, indent=1)
-
-
-def read_checkpoint_meta(folder):
-    """lhmix.json of a checkpoint, checked by its own hash, after checking every file it lists (size
-    and SHA-256); a checkpoint without its weights, config or tokenizer files is refused."""
-    path = os.path.join(folder, CHECKPOINT_META)
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(f'{folder}: no such checkpoint folder')
-    if not os.path.exists(path):
-        raise FileNotFoundError(f'{folder}: not an LH-Mix checkpoint (no {CHECKPOINT_META})')
-    try:
-        with open(path, encoding='utf-8') as f:
-            meta = json.load(f)
-        if not isinstance(meta, dict) or not isinstance(meta.get('files'), dict):
-            raise TypeError('no table of files')
-        for key in ('arch', 'base_vocab', 'special', 'max_length', 'hierarchy', META_HASH):
-            meta[key]
-        ok = meta[META_HASH] == _meta_hash(meta)
-    except (ValueError, KeyError, TypeError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise ValueError(f'{path}: corrupt or not written by this version ({type(e).__name__}: {e})') from None
-    if not ok:
-        raise ValueError(f'{path}: altered or corrupt (its content does not match its {META_HASH})')
-    for what, names in ((WEIGHTS, {WEIGHTS}), ('config.json', {'config.json'}),
-                        ('tokenizer files', {'tokenizer.json', 'tokenizer_config.json', 'vocab.txt', 'vocab.json'})):
-        if not names & set(meta['files']):
-            raise ValueError(f'{path}: lists no {what}')
-    for name, want in meta['files'].items():
-        p = os.path.join(folder, name)
-        if os.path.basename(name) != name or name in ('', '.', '..'):
-            raise ValueError(f'{path}: file name {name!r} outside the checkpoint')
-        if not os.path.isfile(p):
-            raise ValueError(f'{p}: missing from the checkpoint')
-        if _digest(p) != want:
-            raise ValueError(f'{p}: altered or truncated (its size or SHA-256 differs from {CHECKPOINT_META})')
-    return meta
-
-
-def refuse_remote_code(folder):
-    """A config.json or tokenizer_config.json with `auto_map` asks transformers to run Python files from
-    the folder: refused, whatever trust_remote_code says and without asking."""
-    for path in (os.path.join(folder, 'config.json'), os.path.join(folder, 'tokenizer_config.json')):
-        try:
-            with open(path, encoding='utf-8') as f:
-                config = json.load(f)
-        except (OSError, ValueError):
-            continue  # missing or unreadable: reported where it is loaded
-        if isinstance(config, dict) and 'auto_map' in config:
-            raise ValueError(f'{path}: asks to run custom code (auto_map); refused')
-
-
-def load_checkpoint(folder, device='cpu', hierarchy=None):
-    """(model, tokenizer, meta) of a checkpoint, every file checked first; with `hierarchy`, its labels
-    must be those of the data. Runs no code from the folder (trust_remote_code=False, no auto_map)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_model
-    from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
-    meta = read_checkpoint_meta(folder)
-    refuse_remote_code(folder)
-    h = meta['hierarchy']
-    if hierarchy is not None and h['labels'] != hierarchy.labels:
-        raise ValueError(f'{folder}: its labels differ from those of the data')
-    try:
-        config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
-        mlm = AutoModelForMaskedLM.from_config(config, trust_remote_code=False)
-        model = LHMix(mlm, Hierarchy(dict(zip(h['labels'], h['parents'])), dict(zip(h['labels'], h['names']))),
-                      meta['arch'], meta['base_vocab'], meta['special'], meta['max_length'])
-        load_model(model, os.path.join(folder, WEIGHTS), device=str(device))
-        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as e:
-        why = ' '.join(str(e).split())  # one line
-        raise ValueError(f'{folder}: could not be loaded ({type(e).__name__}: {why})') from None
-    return model.to(device), tokenizer, meta
 
 
 # -----------------------------------------------------------------------------
