@@ -15,8 +15,9 @@ from collections import Counter
 from xml.etree import ElementTree
 
 import numpy as np
+import torch
 
-from lhmix import Hierarchy, refuse_remote_code
+from lhmix import Hierarchy, LHMix
 
 WOS_URL = ('https://data.mendeley.com/datasets/9rw3vkcfy4/6/files/'
            'c9ea673d-5542-44c0-ab7b-f1311f7d61df/WebOfScience.zip?dl=1')
@@ -414,6 +415,172 @@ def load_pretrained(name):
         hint = '' if looks_local else ' (not a local folder; without internet, pass a local folder or --model tiny)'
         raise ValueError(f'could not load model {name!r}{hint}: {why}') from None
     return mlm.float(), tokenizer  # fp32 master weights even from an fp16 checkpoint; autocast does the rest
+
+
+# -----------------------------------------------------------------------------
+# Checkpoints: one folder; config.json and the tokenizer files are written once, when the folder is
+# made, and model.safetensors (weights, extras, metadata: no pickle) is replaced whole at each save
+
+WEIGHTS = 'model.safetensors'
+REQUIRED = (WEIGHTS, 'config.json', 'tokenizer.json', 'tokenizer_config.json')
+
+
+def _fsync(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path, text):
+    """Writes `path` (str or bytes) whole or not at all, making its folder: a complete temporary file
+    beside it, synced, then renamed over it; on any failure (disk full, Ctrl-C) it is removed."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f'.{os.path.basename(path)}.{os.getpid()}.tmp')
+    try:
+        with open(tmp, 'wb') as f:  # plain open(): the umask's modes
+            f.write(text if isinstance(text, bytes) else text.encode('utf-8'))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    _fsync(folder)
+
+
+def _unique_tensors(model):
+    """The state dict with each tied tensor once (BERT's decoder weight is the word embeddings;
+    safetensors stores no aliases): ({name: tensor}, {alias: the name it shares its storage with})."""
+    tensors, first, aliases = {}, {}, {}
+    for name, t in model.state_dict().items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if key in first:
+            aliases[name] = first[key]
+        else:
+            first[key], tensors[name] = name, t
+    return tensors, aliases
+
+
+def save_checkpoint(folder, model, tokenizer, info, extra=None):
+    """Saves `model` as the checkpoint `folder`. model.safetensors holds the weights, `extra` (name ->
+    tensor, e.g. optimizer state) as extra.<name>, and the metadata 'lhmix': JSON of what rebuilds the
+    LHMix, and `info`. A kill at any instant leaves the old checkpoint or the new one whole.
+    Non-finite weights are refused, nothing written."""
+    from safetensors.torch import save
+    bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        raise FloatingPointError(f'the weights are not finite ({bad[0]}'
+                                 f'{" and others" if len(bad) > 1 else ""}); {folder} is not saved '
+                                 '(try a lower --lr)')
+    h = model.hierarchy
+    meta = {'arch': model.arch, 'base_vocab': model.base_vocab, 'special': model.special,
+            'max_length': model.max_length,
+            'hierarchy': {'labels': h.labels, 'names': h.names,
+                          'parents': [h.labels[p] if p >= 0 else None for p in h.parent]}, **info}
+    tensors = {**_unique_tensors(model)[0], **{f'extra.{k}': v for k, v in (extra or {}).items()}}
+    blob = save({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
+                {'lhmix': json.dumps(meta)})
+    if os.path.isdir(folder):
+        if not os.path.isfile(os.path.join(folder, 'config.json')):
+            raise ValueError(f'{folder}: a folder that is not a checkpoint; not saved into it')
+        write_atomically(os.path.join(folder, WEIGHTS), blob)
+        return
+    # the first save: the folder is built beside it and renamed into place whole
+    parent, base = os.path.split(os.path.abspath(folder))
+    tmp = os.path.join(parent, f'.{base}.{os.getpid()}.tmp')
+    os.makedirs(tmp)
+    try:
+        model.mlm.config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        write_atomically(os.path.join(tmp, WEIGHTS), blob)
+        for f in os.listdir(tmp):
+            _fsync(os.path.join(tmp, f))
+        os.rename(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync(parent)
+
+
+def refuse_remote_code(folder):
+    """A config.json or tokenizer_config.json with `auto_map` asks transformers to run Python files
+    from the folder: refused, whatever trust_remote_code says and without asking."""
+    for path in (os.path.join(folder, 'config.json'), os.path.join(folder, 'tokenizer_config.json')):
+        try:
+            with open(path, encoding='utf-8') as f:
+                config = json.load(f)
+        except (OSError, ValueError):
+            continue  # missing or unreadable: reported where it is loaded
+        if isinstance(config, dict) and 'auto_map' in config:
+            raise ValueError(f'{path}: asks to run custom code (auto_map); refused')
+
+
+def _missing(folder, names):
+    """Those of `names` missing from `folder`; a file that is there but cannot be read is an error."""
+    missing = []
+    for name in names:
+        try:
+            open(os.path.join(folder, name), 'rb').close()
+        except FileNotFoundError:
+            missing.append(name)
+        except OSError as e:
+            raise ValueError(f'{os.path.join(folder, name)}: cannot be read ({e.strerror})') from None
+    return missing
+
+
+def load_checkpoint(folder, device='cpu', hierarchy=None):
+    """(model, tokenizer, meta) of a checkpoint: meta is the saved info with the model's keys, and
+    meta['extra'] the extras ({name: tensor}). With `hierarchy`, the labels must be the data's.
+    Runs no code from the folder (trust_remote_code=False, auto_map refused)."""
+    from safetensors import SafetensorError, safe_open
+    from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
+    if not os.path.isdir(folder):
+        raise ValueError(f'{folder}: ' + ('not a folder' if os.path.exists(folder)
+                                         else 'no such checkpoint folder'))
+    if not os.path.exists(os.path.join(folder, WEIGHTS)) and os.path.isdir(os.path.join(folder, 'best')):
+        raise ValueError(f'{folder}: a run, not a checkpoint: pass {os.path.join(folder, "best")}')
+    missing = _missing(folder, REQUIRED)
+    if missing:
+        raise ValueError(f'{folder}: not an LH-Mix checkpoint (no {", ".join(missing)})')
+    refuse_remote_code(folder)
+    path = os.path.join(folder, WEIGHTS)
+    try:
+        with safe_open(path, 'pt') as f:
+            meta = json.loads((f.metadata() or {}).get('lhmix', 'null'))
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, ValueError) as e:
+        raise ValueError(f'{path}: truncated or corrupt ({" ".join(str(e).split())})') from None
+    if not isinstance(meta, dict) or not {'arch', 'base_vocab', 'special', 'max_length',
+                                          'hierarchy'} <= meta.keys():
+        raise ValueError(f'{path}: not written by this version (no lhmix metadata)')
+    h = meta['hierarchy']
+    if hierarchy is not None and h['labels'] != hierarchy.labels:
+        raise ValueError(f'{folder}: its labels differ from those of the data')
+    try:
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
+        mlm = AutoModelForMaskedLM.from_config(config, trust_remote_code=False)
+        model = LHMix(mlm, Hierarchy(dict(zip(h['labels'], h['parents'])),
+                                     dict(zip(h['labels'], h['names']))),
+                      meta['arch'], meta['base_vocab'], meta['special'], meta['max_length'])
+        want, aliases = _unique_tensors(model)
+        weights = {k: v for k, v in tensors.items() if not k.startswith('extra.')}
+        if weights.keys() != want.keys():  # every parameter loaded, each tied one once
+            raise KeyError(f'missing {sorted(want.keys() - weights.keys())}, '
+                           f'unexpected {sorted(weights.keys() - want.keys())}')
+        model.load_state_dict({**weights, **{a: weights[k] for a, k in aliases.items()}})
+        if _unique_tensors(model)[1] != aliases:
+            raise ValueError('tied weights came apart')
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
+        why = ' '.join(str(e).split())  # one line
+        raise ValueError(f'{folder}: could not be loaded ({type(e).__name__}: {why})') from None
+    meta['extra'] = {k[len('extra.'):]: v.to(device) for k, v in tensors.items()
+                     if k.startswith('extra.')}
+    return model.to(device), tokenizer, meta
 
 
 def load_data(name, data_dir=None):
