@@ -1,12 +1,13 @@
-"""Train LH-Mix (or one of the paper's ablations) and test the best-dev checkpoint.
+"""Train LH-Mix (or one of the ablations) and test the best-dev checkpoint.
 
-    python train.py --data demo                      # synthetic data + tiny BERT, about a minute on a CPU
-    python train.py --data wos --data-dir data/wos   # the paper's setting (bert-base-uncased)
+    python train.py --data demo                      # synthetic data + tiny BERT, a minute on a CPU
+    python train.py --data wos --data-dir data/wos   # bert-base-uncased on WOS
 
-Writes OUT/metrics.jsonl (a line per epoch), OUT/best/ and OUT/last/ (checkpoints that survive a
-kill at any instant) and OUT/test_metrics.json, and prints the test figures of the best-dev checkpoint.
+Writes OUT/metrics.jsonl (a line per epoch), OUT/best/ and OUT/last/ (checkpoints that a kill at
+any instant leaves loadable), OUT/test_metrics.json, and prints the best checkpoint's test F1.
 """
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -23,168 +24,127 @@ import data
 import evaluate
 import lhmix
 
-# The paper's settings (Sec. 5.2): bert-base-uncased, Adam at 3e-5, batch 16, 5 epochs without Mixup
-# first, early stopping after 5 epochs without a better dev macro-F1, alpha 1 and beta 0.75 for Eq. 4.
-PAPER = dict(model='bert-base-uncased', arch='prompt', mix='lhmix', alpha=1.0, beta=0.75, mix_alpha=1.0,
-             warmup_epochs=5, epochs=100, early_stop=5, batch=16, lr=3e-5, max_length=512, seed=0, train_fraction=1.0)
-DEMO = dict(model='tiny', epochs=12, warmup_epochs=4, lr=1e-3, max_length=128)  # --data demo: a minute on a CPU
-MLM_RATE = 0.15  # HPT's auxiliary MLM loss masks 15% of the text word-pieces
-RESUMABLE = ('epochs', 'device')  # what --resume may change; every other argument is the run's own
+# -----------------------------------------------------------------------------
+# Defaults, each from its source. The paper (Sec. 5.1) gives only the model, Adam's learning rate,
+# the 5 epochs without Mixup and the early stopping; for alpha and beta it gives grids (Fig. 5
+# varies one with the other at 1).
+DEFAULTS = dict(
+    model='bert-base-uncased',  # the paper
+    arch='prompt',              # the paper's hierarchical prompt; 'bert': the flat [CLS] ablation
+    mix='lhmix',                # LH-Mix; 'mixup': vanilla Mixup; 'none'
+    lr=3e-5,                    # the paper: Adam at 3e-5
+    warmup_epochs=5,            # the paper: 5 epochs without Mixup, then Mixup
+    early_stop=5,               # the paper: stop after 5 epochs without a better dev macro-F1
+    alpha=1.0, beta=0.75,       # Eq. 4: the authors' README command for RCV1 (argparse: 2, 0.5)
+    mix_alpha=1.0,              # Beta(1, 1) for vanilla Mixup: Zhang et al.'s code's default
+    batch=16,                   # HPT's, and the authors' RCV1 command
+    max_length=512,             # HPT's
+    no_mlm=False,               # HPT's auxiliary MLM loss on, as in the authors' code
+    epochs=100,                 # this implementation's cap: early stopping ends runs before it
+    seed=0, train_fraction=1.0)
+# bf16 autocast on GPUs (fp16 without bf16) is this implementation's; the authors trained in fp32.
+DEMO = dict(model='tiny', epochs=12, warmup_epochs=4, lr=1e-3, max_length=128)  # --data demo
+MLM_RATE = 0.15  # HPT's MLM loss masks 15% of the text word-pieces
+RESUMABLE = ('epochs',)  # what --resume may change; every other saved argument is the run's own
+RUN = ('best', 'last', evaluate.METRICS, evaluate.TEST_METRICS)  # what a run folder holds
 
 
 def parse(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('--data', required=True, help='wos | nyt | rcv1 | demo | PATH to a HiAGM-format folder')
-    p.add_argument('--data-dir', help='where the data set lies (default data/wos, data/nyt, data/rcv1)')
-    p.add_argument('--model', help="HF id or local folder, or 'tiny' (a small BERT built here)")
-    p.add_argument('--arch', choices=['prompt', 'bert'], help='hierarchical prompt (the paper) or the flat [CLS] ablation')
-    p.add_argument('--mix', choices=['none', 'mixup', 'lhmix'],
-                   help='no Mixup, vanilla Mixup (Beta ratio) or LH-Mix (hierarchy-similarity ratio)')
-    p.add_argument('--alpha', type=float, help='alpha of Eq. 4 (> 0)')
-    p.add_argument('--beta', type=float, help='beta of Eq. 4, in (0.5, 1]')
-    p.add_argument('--mix-alpha', type=float, help='a of Beta(a, a) for vanilla Mixup (> 0)')
-    p.add_argument('--warmup-epochs', type=int, help='epochs without Mixup first')
-    p.add_argument('--epochs', type=int, help='at most this many epochs')
-    p.add_argument('--early-stop', type=int, help='patience in epochs on dev macro-F1')
-    p.add_argument('--batch', type=int, help='documents per batch (even with Mixup: it pairs them)')
-    p.add_argument('--lr', type=float, help='Adam learning rate')
-    p.add_argument('--max-length', type=int, help='tokens per input, template included')
-    p.add_argument('--no-mlm', action='store_true', help="drop HPT's auxiliary MLM loss (prompt arch)")
-    p.add_argument('--seed', type=int)
-    p.add_argument('--train-fraction', type=float, help='train on this seeded share, in (0, 1] (Fig. 3)')
-    p.add_argument('--out', help='output folder (default out/DATA-ARCH-MIX-sSEED)')
-    p.add_argument('--resume', action='store_true', help='continue from OUT/last after a crash')
-    p.add_argument('--overwrite', action='store_true', help='replace an earlier run in OUT')
-    p.add_argument('--device', help='cpu, cuda or cuda:N (default: cuda when there is one)')
-    p.add_argument('--no-cuda-graphs', action='store_true',
-                   help='run the training steps and dev evaluation eagerly on CUDA instead of replaying them '
-                        'from CUDA graphs (one captured per batch shape)')
-    args = p.parse_args(argv)
-    args.given = sorted(k for k in PAPER if getattr(args, k) is not None)  # for --resume's report
-    for k, v in {**PAPER, **(DEMO if args.data == 'demo' else {})}.items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
-    for flag in ('alpha', 'beta', 'mix_alpha', 'lr', 'train_fraction'):
-        if not math.isfinite(getattr(args, flag)):
-            p.error(f"--{flag.replace('_', '-')} must be a finite number, got {getattr(args, flag)}")
-    checks = [('alpha', args.alpha > 0, '> 0'), ('beta', 0.5 < args.beta <= 1, 'in (0.5, 1]'),
-              ('mix_alpha', args.mix_alpha > 0, '> 0'), ('lr', args.lr > 0, '> 0'),
-              ('train_fraction', 0 < args.train_fraction <= 1, 'in (0, 1]'), ('epochs', args.epochs >= 1, '>= 1'),
-              ('early_stop', args.early_stop >= 1, '>= 1'), ('warmup_epochs', args.warmup_epochs >= 0, '>= 0'),
-              ('batch', args.batch >= (1 if args.mix == 'none' else 2), '>= 1 (>= 2 with Mixup)'),
-              ('max_length', args.max_length >= 1, '>= 1')]
-    for flag, ok, what in checks:
+    """(args, the hyperparameters given on the command line)."""
+    p = argparse.ArgumentParser(description=__doc__, argument_default=argparse.SUPPRESS,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = p.add_argument
+    add('--data', required=True, help='wos | nyt | rcv1 | demo | PATH to a HiAGM-format folder')
+    add('--data-dir', default=None, help='where the data set lies (default data/NAME)')
+    add('--model', help="HF id or local folder, or 'tiny' (a small BERT built here)")
+    add('--arch', choices=['prompt', 'bert'], help='hierarchical prompt, or the flat [CLS] ablation')
+    add('--mix', choices=['none', 'mixup', 'lhmix'], help='no Mixup, vanilla Mixup, or LH-Mix')
+    add('--alpha', type=float, help='alpha of Eq. 4 (> 0)')
+    add('--beta', type=float, help='beta of Eq. 4, in (0.5, 1]')
+    add('--mix-alpha', type=float, help='a of Beta(a, a) for vanilla Mixup (> 0)')
+    add('--warmup-epochs', type=int, help='epochs without Mixup first')
+    add('--epochs', type=int, help='at most this many epochs')
+    add('--early-stop', type=int, help='patience in epochs on dev macro-F1')
+    add('--batch', type=int, help='documents per batch')
+    add('--lr', type=float, help='Adam learning rate')
+    add('--max-length', type=int, help='tokens per input, template included')
+    add('--no-mlm', action='store_true', help="drop HPT's auxiliary MLM loss (prompt arch)")
+    add('--seed', type=int)
+    add('--train-fraction', type=float, help='train on this seeded share, in (0, 1] (Fig. 3)')
+    add('--out', default=None, help='output folder (default out/DATA-ARCH-MIX-sSEED)')
+    add('--resume', action='store_true', default=False, help='continue OUT/last after a crash')
+    add('--overwrite', action='store_true', default=False,
+        help='replace the run in OUT (once the new run has saved its first epoch)')
+    add('--device', default=None, help='cpu, cuda or cuda:N (default: cuda when there is one)')
+    add('--no-cuda-graphs', action='store_true', default=False,
+        help='on CUDA, run the steps and dev evaluation eagerly, not replayed from CUDA graphs')
+    ns = p.parse_args(argv)
+    given = {k: v for k, v in vars(ns).items() if k in DEFAULTS}
+    args = argparse.Namespace(**{**DEFAULTS, **(DEMO if ns.data == 'demo' else {}), **vars(ns)})
+    for flag, ok, what in [
+            ('alpha', 0 < args.alpha < math.inf, 'a finite number > 0'),
+            ('beta', 0.5 < args.beta <= 1, 'in (0.5, 1]'),
+            ('mix-alpha', 0 < args.mix_alpha < math.inf, 'a finite number > 0'),
+            ('lr', 0 < args.lr < math.inf, 'a finite number > 0'),
+            ('train-fraction', 0 < args.train_fraction <= 1, 'in (0, 1]'),
+            ('epochs', args.epochs >= 1, '>= 1'), ('early-stop', args.early_stop >= 1, '>= 1'),
+            ('warmup-epochs', args.warmup_epochs >= 0, '>= 0'), ('batch', args.batch >= 1, '>= 1'),
+            ('max-length', args.max_length >= 1, '>= 1')]:
         if not ok:
-            p.error(f"--{flag.replace('_', '-')} must be {what}, got {getattr(args, flag)}")
-    if args.mix != 'none' and args.batch % 2:
-        p.error(f'--batch must be even with Mixup (documents are mixed in pairs), got {args.batch}')
-    args.device = str(evaluate.parse_device(p, args.device))
-    args.out = args.out or os.path.join('out', f'{os.path.basename(args.data.rstrip("/"))}-{args.arch}-{args.mix}-s{args.seed}')
-    problem = evaluate.output_problem(os.path.join(args.out, evaluate.METRICS))  # the folder is made later
-    if problem:
-        p.error(f'--out {args.out}: {problem}')
+            p.error(f"--{flag} must be {what}, got {getattr(args, flag.replace('-', '_'))}")
     if args.resume and args.overwrite:
         p.error('--resume and --overwrite exclude each other')
-    if not args.resume and not args.overwrite and os.path.isdir(args.out) and os.listdir(args.out):
-        p.error(f'--out {args.out}: holds an earlier run; continue it with --resume, replace it with '
-                '--overwrite, or choose another --out')
-    return args
+    args.device = str(evaluate.parse_device(p, args.device))
+    args.out = args.out or os.path.join(
+        'out', f'{os.path.basename(args.data.rstrip("/"))}-{args.arch}-{args.mix}-s{args.seed}')
+    return args, given
 
 
-def resume_args(args):
-    """--resume continues the run as it was started: its saved arguments replace the command line's
-    (only RESUMABLE may change); anything given differently is reported."""
-    last = os.path.join(args.out, 'last')
-    if not os.path.lexists(last):
-        raise FileNotFoundError(f'--resume: {last} does not exist, nothing to continue (the run did not save an '
-                                'epoch); start it again with --overwrite')
-    meta = lhmix.read_checkpoint_meta(last)
-    saved = meta.get('args')
-    if not isinstance(saved, dict) or lhmix.TRAIN_STATE not in meta['files']:
-        raise ValueError(f'{last}: not a checkpoint train.py can resume (no saved arguments or train_state.pt)')
-    if saved.get('zmlce_rows', 'depth') != 'depth':  # the authors' ZMLCE rows, an option until e6a521d
-        raise ValueError(f'{last}: trained with --zmlce-rows {saved["zmlce_rows"]}, which this version no longer '
-                         'has; resume it with commit e6a521d')
-    for k in [k for k in args.given if k not in RESUMABLE] + ['data', 'data_dir']:
-        if getattr(args, k) != saved.get(k):
-            print(f'--resume: the run keeps its saved --{k.replace("_", "-")} {saved.get(k)} (not {getattr(args, k)})')
-    vars(args).update({k: v for k, v in saved.items() if k in PAPER and k not in RESUMABLE
-                       or k in ('data', 'data_dir', 'no_mlm')})
-    return meta
+def is_run(folder):
+    """A folder train.py wrote, recognised by its own files (and what a killed save leaves)."""
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    return evaluate.METRICS in names and all(  # a killed save leaves .NAME.PID.tmp
+        n in RUN or n.endswith('.tmp') and n[1:].rsplit('.', 2)[0] in RUN for n in names)
 
 
-def setup(args):
-    """Everything a user can get wrong is checked here, before anything is written."""
-    device = torch.device(args.device)
-    torch.manual_seed(args.seed)
-    meta = resume_args(args) if args.resume else None
-    hierarchy, splits = data.load_data(args.data, args.data_dir)
-    train = splits['train']
-    if args.train_fraction < 1:
-        keep = np.random.default_rng(args.seed).permutation(len(train))[:math.ceil(args.train_fraction * len(train))]
-        train = [train[i] for i in sorted(keep)]
-    if args.resume:
-        model, tokenizer, _ = lhmix.load_checkpoint(os.path.join(args.out, 'last'), hierarchy=hierarchy)
-    else:
-        mlm, tokenizer = (data.tiny_bert([t for t, _ in train] + hierarchy.names) if args.model == 'tiny'
-                          else data.load_pretrained(args.model))
-        model = lhmix.build_model(mlm, tokenizer, hierarchy, args.arch, args.max_length)
-    max_text = model.text_budget(args.max_length)
-    if not 0 < max_text <= model.text_budget(model.mlm.config.max_position_embeddings):
-        raise ValueError(f'--max-length {args.max_length} leaves {max_text} text tokens for this model '
-                         f'(at most {model.mlm.config.max_position_embeddings} positions)')
-    if args.mix != 'none' and args.epochs <= args.warmup_epochs:
-        print(f'warning: --epochs {args.epochs} <= --warmup-epochs {args.warmup_epochs}: Mixup never starts')
-    tokens, cut = {}, {}
-    for name, docs in (('train', train), ('dev', splits['dev']), ('test', splits['test'])):
-        tokens[name], cut[name] = lhmix.tokenize(tokenizer, [t for t, _ in docs], max_text)
-    print(f'{len(hierarchy)} labels, depth {hierarchy.num_depths}; documents '
-          + ', '.join(f'{k} {len(v)}' for k, v in tokens.items()) + f'; cut to --max-length {args.max_length}: '
-          + ', '.join(f'{k} {cut[k]}' for k in tokens))
-    model.to(device)
-    graphs = device.type == 'cuda' and not args.no_cuda_graphs
-    why_not = graphs and cuda_graphs_unavailable(device)
-    if why_not:
-        print(f'CUDA graphs off: {why_not}')
-        graphs = False
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr, fused=device.type == 'cuda', capturable=graphs)
-    scaler = torch.amp.GradScaler(device.type, enabled=device.type == 'cuda' and not torch.cuda.is_bf16_supported())
-    run = argparse.Namespace(args=args, device=device, hierarchy=hierarchy, model=model, tokenizer=tokenizer,
-                             opt=opt, scaler=scaler, graphs=graphs, tokens=tokens, labels=[ls for _, ls in train],
-                             dev_gold=[ls for _, ls in splits['dev']], test_gold=[ls for _, ls in splits['test']],
-                             all_train=[ls for _, ls in splits['train']], table=None, rows=None, history=[],
-                             state={'epoch': 0, 'best': -1.0, 'bad_epochs': 0})
-    if args.resume:
-        path = os.path.join(args.out, 'last', lhmix.TRAIN_STATE)
-        try:  # checked by its hash already: an error here is a file this version did not write
-            saved = torch.load(path, map_location='cpu', weights_only=True)
-            opt.load_state_dict(saved['optimizer'])
-            for group in opt.param_groups:  # as this run's device needs, not as saved
-                group.update(fused=device.type == 'cuda', capturable=graphs)
-            for p, state in opt.state.items():  # fused Adam counts its steps on the weights' device
-                state['step'] = state['step'].to(p.device)
-            scaler.load_state_dict(saved['scaler'])
-            run.table, run.rows, run.state = saved.get('table'), saved.get('rows'), meta['state']
-        except Exception as e:  # unpickling, a missing key or a wrong shape: one line, not a traceback
-            raise ValueError(f'{path}: cannot be read ({type(e).__name__}: {" ".join(str(e).split())})') from None
-        path = os.path.join(args.out, evaluate.METRICS)
-        run.history = []
-        with open(path, encoding='utf-8') as f:
-            for n, line in enumerate(f, 1):
-                try:
-                    h = json.loads(line)
-                    if h['epoch'] < run.state['epoch']:
-                        run.history.append(h)
-                except (ValueError, KeyError, TypeError):
-                    raise ValueError(f'{path}:{n}: not a metrics line (corrupt file)') from None
-        for name in ('best', 'last'):  # all checked: now remove what a kill during a save left
-            tidy_checkpoint(os.path.join(args.out, name))
-    elif args.mix == 'lhmix':  # the initial encoder, frozen: encode every local hierarchy once (Sec. 4.1)
-        run.table, run.rows = lhmix.local_hierarchy_table(model, tokenizer, run.labels)
-        print(f'{len(run.table)} distinct local hierarchies encoded')
-    run.step = make_step(model, opt, scaler, graphs)
-    run.score_graphs = CUDAGraphs(model.label_scores) if graphs else None
-    return run
+def check_out(args):
+    """--out's problems, refused before anything is computed: a file, a folder that is not a run
+    (with or without --overwrite), an earlier run without --resume or --overwrite."""
+    out, up = args.out, args.out
+    while not os.path.lexists(up) and os.path.dirname(up) not in ('', up):
+        up = os.path.dirname(up)
+    if os.path.lexists(up) and not os.path.isdir(up):
+        raise ValueError(f'--out {out}: ' + ('is' if up == out else f'{up} is') + ' a file, not a folder')
+    if args.overwrite and os.path.islink(out):
+        raise ValueError(f'--out {out}: a symbolic link; --overwrite replaces only a real folder')
+    if os.path.isdir(out) and os.listdir(out) and not is_run(out):
+        raise ValueError(f'--out {out}: not a train.py run (it holds '
+                         f'{", ".join(sorted(os.listdir(out))[:3])}...); choose another --out')
+    if args.resume and not is_run(out):
+        raise ValueError(f'--resume: {out} holds no run to continue; start one without --resume')
+    if is_run(out) and not (args.resume or args.overwrite):
+        raise ValueError(f'--out {out}: holds an earlier run; continue it with --resume, replace '
+                         'it with --overwrite, or choose another --out')
+
+
+def resumed(args, given, meta):
+    """--resume continues the run as it was started: its saved arguments, but --epochs if given;
+    anything else given differently is reported (stderr)."""
+    saved = meta['args']
+    for k, v in [*given.items(), ('data', args.data), ('data_dir', args.data_dir)]:
+        if k not in RESUMABLE and v != saved[k]:
+            print(f'--resume: the run keeps its saved --{k.replace("_", "-")} {saved[k]} (not {v})',
+                  file=sys.stderr)
+    return argparse.Namespace(**{**vars(args), **saved, **{k: given[k] for k in RESUMABLE
+                                                            if k in given}})
+
+
+def digest(hierarchy, docs):
+    """What --resume checks against the run's: the labels, the training documents and theirs."""
+    def sha(x):
+        return hashlib.sha256(json.dumps(x).encode()).hexdigest()
+    return {'labels': sha([hierarchy.labels, hierarchy.parent]), 'train': sha(docs),
+            'train_documents': len(docs)}
 
 
 def cuda_graphs_unavailable(device):
@@ -194,7 +154,7 @@ def cuda_graphs_unavailable(device):
         return 'not a CUDA device'
     if not torch.cuda.is_bf16_supported():
         return 'no bf16 on this GPU (fp16 needs a loss scaler that syncs)'
-    if int(transformers.__version__.split('.')[0]) < 5:  # 4.x tests the attention mask for padding on the host
+    if int(transformers.__version__.split('.')[0]) < 5:  # 4.x checks the mask on the host
         return f'transformers {transformers.__version__} syncs inside the encoder (5.x does not)'
     return None
 
@@ -208,7 +168,8 @@ class CUDAGraphs:
     are overwritten by the next replay of the same graph."""
 
     def __init__(self, fn, warmup=None):
-        self.fn, self.warmup, self.graphs, self.pool = fn, warmup or fn, {}, torch.cuda.graph_pool_handle()
+        self.fn, self.warmup, self.graphs = fn, warmup or fn, {}
+        self.pool = torch.cuda.graph_pool_handle()
 
     def __call__(self, **inputs):
         key = tuple((k, tuple(v.shape), v.dtype) for k, v in inputs.items())
@@ -230,218 +191,267 @@ class CUDAGraphs:
         return out
 
 
-def make_step(model, opt, scaler, graphs):
-    """step(**batch) -> the batch's loss (a device scalar: no host sync): forward, backward, Adam.
-    With `graphs`, each batch shape's step is captured once as a CUDA graph and replayed after
-    (CUDAGraphs); the gradients then stay allocated, zeroed inside the graph."""
+def make_step(model, opt, graphs, table=None, alpha=None, beta=None):
+    """step(**batch) -> (loss, lambda or None), device tensors (no host sync): forward, backward,
+    Adam. For LH-Mix the batch carries `rows` (each document's row of the local-hierarchy `table`)
+    and `partner`, and lambda is computed here, on the device (Eqs. 3-4); vanilla Mixup's batch
+    carries `lam`. With `graphs`, each batch shape's step is captured once as a CUDA graph and
+    replayed after; the gradients then stay allocated, zeroed inside the graph."""
     device = next(model.parameters()).device
+    # fp16 (GPUs without bf16) needs loss scaling; its scale restarts at --resume
+    scaler = torch.amp.GradScaler(device.type, enabled=device.type == 'cuda'
+                                  and not torch.cuda.is_bf16_supported())
 
-    def forward_backward(**batch):
+    def forward_backward(rows=None, lam=None, **batch):
+        if rows is not None:
+            lam = lhmix.pair_ratios(table[rows], batch['partner'], alpha, beta)  # Eqs. 3-4
         with lhmix.autocast(device):
-            loss = model(**batch)
+            loss = model(**batch, lam=lam)
         scaler.scale(loss).backward()
-        return loss.detach()
+        return loss.detach(), lam
 
     def step(**batch):
         opt.zero_grad(set_to_none=True)
-        loss = forward_backward(**batch)
+        out = forward_backward(**batch)
         scaler.step(opt)
         scaler.update()
-        return loss
+        return out
 
     if not graphs:
         return step
     params = [p for g in opt.param_groups for p in g['params']]
     for p in params:
         p.grad = torch.zeros_like(p)
-    if any(not opt.state[p] for p in params):  # Adam's state made outside the graph: a step on zero
-        with warnings.catch_warnings():          # gradients moves no weight; its step count is undone
-            warnings.simplefilter('ignore')      # (the warning that this step is not captured)
+    if any(not opt.state[p] for p in params):  # Adam's state made outside the graph: a step on
+        with warnings.catch_warnings():          # zero gradients moves no weight; its step count is
+            warnings.simplefilter('ignore')      # undone (the warning: this step is not captured)
             opt.step()
         for p in params:
             opt.state[p]['step'].zero_()
 
     def graphed(**batch):
         torch._foreach_zero_([p.grad for p in params])
-        loss = forward_backward(**batch)
+        out = forward_backward(**batch)
         opt.step()
-        return loss
+        return out
     return CUDAGraphs(graphed, warmup=forward_backward)
 
 
-def train_epoch(run, epoch, bar):
-    """One pass over the training set; returns the epoch's metrics line (dev F1 included)."""
-    args, model, device = run.args, run.model, run.device
+def train_epoch(model, step, tokens, labels, rows, args, epoch, bar):
+    """One pass over the training set: (mean loss, the lambdas used or None, seconds)."""
+    device = next(model.parameters()).device
     rng = np.random.default_rng([args.seed, epoch])  # per-epoch streams make --resume repeatable
     torch.manual_seed(args.seed * 100003 + epoch)
     mixing = args.mix != 'none' and epoch >= args.warmup_epochs
     mlm_rate = 0.0 if args.no_mlm or args.arch == 'bert' else MLM_RATE
-    multiple = lhmix.pad_multiple(device)
+    graphs = isinstance(step, CUDAGraphs)
     model.train()
     t0, total, lams = time.time(), torch.zeros((), device=device), []
-    batches = lhmix.train_batches([len(t) for t in run.tokens['train']], args.batch, rng, paired=mixing)
+    batches = lhmix.train_batches([len(t) for t in tokens], args.batch, rng, mixing)
     for idx, partner in batches:
-        batch = lhmix.make_batch(model, [run.tokens['train'][i] for i in idx], [run.labels[i] for i in idx],
-                                 multiple, rng, mlm_rate, static=run.graphs)
-        if mixing:  # partners and ratios ride with the batch to the GPU
-            hier = run.table[run.rows[idx]] if args.mix == 'lhmix' else None  # cached local hierarchies
-            batch['partner'] = partner
-            batch['lam'] = lhmix.pair_ratios(args.mix, partner, hier, args.alpha, args.beta, args.mix_alpha)
-            lams.append(batch['lam'])
-        total += run.step(**lhmix.to_device(batch, device))  # summed on the device: no host sync in the loop
+        batch = lhmix.make_batch(model, [tokens[i] for i in idx], [labels[i] for i in idx],
+                                 lhmix.pad_multiple(device), rng, mlm_rate, static=graphs)
+        if mixing:
+            batch['partner'] = torch.from_numpy(partner)
+            if args.mix == 'lhmix':
+                batch['rows'] = torch.from_numpy(rows[idx])
+            else:  # vanilla Mixup: Beta(a, a) folded to [0.5, 1], as LH-Mix's lambda
+                lam = rng.beta(args.mix_alpha, args.mix_alpha, len(idx))
+                batch['lam'] = torch.from_numpy(np.maximum(lam, 1 - lam)).float()
+        loss, lam = step(**lhmix.to_device(batch, device))
+        total += loss  # summed on the device: no host sync in the loop
+        if lam is not None:
+            lams.append(lam.clone())  # a graph's next replay overwrites its output
         bar.update(1)
     seconds = time.time() - t0
-    train_loss = total.item() / len(batches)
-    if not math.isfinite(train_loss):
-        raise FloatingPointError(f'the training loss became {train_loss} in epoch {epoch} (try a lower --lr); '
-                                 'this epoch is not saved')
-    scores = lhmix.score_documents(model, run.tokens['dev'], scorer=run.score_graphs)
-    dev = evaluate.f1_scores(scores > 0, run.dev_gold, len(run.hierarchy))
-    line = {'epoch': epoch, 'mix': mixing, 'train_loss': train_loss, 'dev_micro_f1': dev['micro_f1'],
-            'dev_macro_f1': dev['macro_f1'], 'seconds': round(seconds, 2),
-            'samples_per_s': round(len(run.tokens['train']) / seconds, 1)}
-    if lams:  # the ratios actually used, for the README's lambda distribution
-        lam = torch.cat(lams).double().numpy()
-        line['lambda'] = {'mean': float(lam.mean()),
-                          'quantiles': dict(zip(('0', '5', '25', '50', '75', '95', '100'),
-                                                np.quantile(lam, [0, .05, .25, .5, .75, .95, 1]).tolist()))}
-    return line
+    loss = total.item() / len(batches)
+    if not math.isfinite(loss):
+        raise FloatingPointError(f'the training loss became {loss} in epoch {epoch} (try a lower '
+                                 '--lr); this epoch is not saved')
+    return loss, torch.cat(lams).double().cpu().numpy() if lams else None, seconds
 
 
-def _fsync(path):  # a file or a folder
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def adam_extra(opt):
+    """Adam's state as checkpoint extras (name -> tensor)."""
+    return {f'adam.{i}.{k}': v for i, s in opt.state_dict()['state'].items() for k, v in s.items()}
 
 
-def _crash_point(step, folder):
-    """For the tests: LHMIX_CRASH_AT=step, or name:step for the folder `name` only, kills a save there."""
-    if os.environ.get('LHMIX_CRASH_AT') in (step, f'{os.path.basename(folder)}:{step}'):
-        os.kill(os.getpid(), 9)
+def load_adam(opt, extra):
+    state = {}
+    for name, v in extra.items():
+        if name.startswith('adam.'):
+            _, i, k = name.split('.')
+            state.setdefault(int(i), {})[k] = v
+    opt.load_state_dict({'state': state, 'param_groups': opt.state_dict()['param_groups']})
+    for p, s in opt.state.items():  # fused Adam counts its steps on the weights' device
+        s['step'] = s['step'].to(p.device)
 
 
-def save_atomically(folder, model, tokenizer, info, train_state=None):
-    """lhmix.save_checkpoint into a new version folder `folder.ckpt-*`, its files given the umask's
-    modes and synced, then the symbolic link `folder` switched to it by one atomic rename and older
-    versions removed: a kill at any instant leaves the old checkpoint or the new one whole."""
-    folder = os.path.abspath(folder)
-    parent, base = os.path.split(folder)
-    version = os.path.join(parent, f'{base}.ckpt-{os.urandom(6).hex()}')
-    try:
-        lhmix.save_checkpoint(version, model, tokenizer, info, train_state)
-        mask = os.umask(0)
-        os.umask(mask)
-        for path in [os.path.join(version, f) for f in os.listdir(version)] + [version]:
-            os.chmod(path, (0o777 if path == version else 0o666) & ~mask)  # safetensors writes 0600
-            _fsync(path)
-    except BaseException:
-        shutil.rmtree(version, ignore_errors=True)
-        raise
-    _crash_point('written', folder)
-    if os.path.lexists(folder + '.link'):
-        os.remove(folder + '.link')
-    os.symlink(os.path.basename(version), folder + '.link')
-    _crash_point('linked', folder)
-    if os.path.isdir(folder) and not os.path.islink(folder):  # a plain folder (copied by hand): set aside
-        os.replace(folder, f'{folder}.ckpt-{os.urandom(6).hex()}')
-    os.replace(folder + '.link', folder)  # atomic: `folder` names the old version or the new, never nothing
-    _fsync(parent)
-    _crash_point('switched', folder)
-    tidy_checkpoint(folder)
+def put_in_place(new, out):
+    """The run written whole in `new` becomes `out`. An earlier run there (--overwrite) is renamed
+    aside first and removed last: a kill in between leaves both whole (OUT, OUT.old-*)."""
+    old = None
+    if os.path.isdir(out) and os.listdir(out):
+        old = f'{out}.old-{os.urandom(4).hex()}'
+        os.rename(out, old)
+    os.replace(new, out)  # onto nothing or an empty folder
+    if old:
+        shutil.rmtree(old)
 
 
-def tidy_checkpoint(folder):
-    """Removes what a killed save_atomically left beside `folder`: the temporary link and the version
-    folders `folder` does not point to (all of them if it points to none)."""
-    folder = os.path.abspath(folder)
-    parent, base = os.path.split(folder)
-    keep = os.path.basename(os.readlink(folder)) if os.path.islink(folder) else None
-    if os.path.lexists(folder + '.link'):
-        os.remove(folder + '.link')
-    for f in os.listdir(parent) if os.path.isdir(parent) else []:
-        if f.startswith(base + '.ckpt-') and f != keep:
-            shutil.rmtree(os.path.join(parent, f), ignore_errors=True)
-
-
-def save_epoch(run, line):
-    """best/ when dev macro-F1 improved, metrics.jsonl, then last/ (a kill between them re-runs the
-    epoch on --resume and replaces its metrics line)."""
-    args, info = run.args, {'args': {k: v for k, v in vars(run.args).items() if k != 'given'}}
-    run.history.append(line)
-    if line['dev_macro_f1'] > run.state['best']:
-        run.state['best'], run.state['bad_epochs'] = line['dev_macro_f1'], 0
-        save_atomically(os.path.join(args.out, 'best'), run.model, run.tokenizer,
-                        {**info, 'epoch': line['epoch'], 'dev': line})
-    else:
-        run.state['bad_epochs'] += 1
-    evaluate.write_atomically(os.path.join(args.out, evaluate.METRICS), ''.join(json.dumps(h) + '\n' for h in run.history))
-    run.state['epoch'] = line['epoch'] + 1
-    extra = {'optimizer': run.opt.state_dict(), 'scaler': run.scaler.state_dict()}
-    if run.table is not None:
-        extra.update(table=run.table, rows=run.rows)
-    save_atomically(os.path.join(args.out, 'last'), run.model, run.tokenizer, {**info, 'state': run.state}, extra)
-
-
-def finish(run):
+def finish(out, model_device, tokens, gold, hierarchy, train_labels):
     """The test figures of the best-dev checkpoint, as evaluate.py computes them."""
-    args = run.args
-    best, _, meta = lhmix.load_checkpoint(os.path.join(args.out, 'best'), run.device)
-    pred = lhmix.score_documents(best, run.tokens['test']) > 0
-    result = evaluate.report(pred, run.test_gold, run.hierarchy, run.all_train)
-    result.update(best_epoch=meta['epoch'], checkpoint=os.path.join(args.out, 'best'))
-    evaluate.write_atomically(os.path.join(args.out, evaluate.TEST_METRICS), json.dumps(result, indent=1))
-    print(f"test micro-F1 {100 * result['micro_f1']:.2f}  macro-F1 {100 * result['macro_f1']:.2f}  "
-          f"(best dev epoch {meta['epoch']}, {args.out})")
+    best, _, meta = data.load_checkpoint(os.path.join(out, 'best'), model_device)
+    pred = lhmix.score_documents(best, tokens) > 0
+    result = evaluate.report(pred, gold, hierarchy, train_labels)
+    result.update(best_epoch=meta['epoch'], checkpoint=os.path.join(out, 'best'))
+    data.write_atomically(os.path.join(out, evaluate.TEST_METRICS), json.dumps(result, indent=1))
+    print(f"test micro-F1 {100 * result['micro_f1']:.2f}  macro-F1 {100 * result['macro_f1']:.2f}"
+          f"  (best dev epoch {meta['epoch']}, {out})")
 
 
-def check_weights(run, epoch):
-    """A finite loss can still leave infinite or NaN weights after the epoch's last step: never saved."""
-    if not all(torch.isfinite(p).all() for p in run.model.parameters()):
-        raise FloatingPointError(f'the weights became infinite or NaN in epoch {epoch} (try a lower --lr); '
-                                 'this epoch is not saved')
+def train(args, given):
+    check_out(args)
+    device, out = torch.device(args.device), args.out
+    if args.resume:
+        model, tokenizer, meta = data.load_checkpoint(os.path.join(out, 'last'))
+        args = resumed(args, given, meta)
+    torch.manual_seed(args.seed)
+    hierarchy, splits = data.load_data(args.data, args.data_dir)
+    docs = splits['train']
+    if args.train_fraction < 1:
+        keep = np.random.default_rng(args.seed).permutation(len(docs))
+        docs = [docs[i] for i in sorted(keep[:math.ceil(args.train_fraction * len(docs))])]
+    saved_args = {k: getattr(args, k) for k in [*DEFAULTS, 'data', 'data_dir']}
+    info = {'args': saved_args, 'data': digest(hierarchy, docs)}
+    if args.resume:
+        changed = [k for k in ('labels', 'train') if meta['data'][k] != info['data'][k]]
+        if changed:
+            raise ValueError(f'--resume: the {" and ".join(changed)} of --data {args.data} differ '
+                             f"from the run's ({meta['data']['train_documents']} training "
+                             f"documents then, {len(docs)} now); start a new run instead")
+        state, extra = meta['state'], meta['extra']
+        if state['epoch'] >= args.epochs or state['bad_epochs'] >= args.early_stop:
+            if os.path.exists(os.path.join(out, evaluate.TEST_METRICS)):
+                why = ('stopped early' if state['bad_epochs'] >= args.early_stop
+                       else f'--epochs {args.epochs} done')
+                print(f'--resume: {out} is finished ({why}); nothing to do', file=sys.stderr)
+                return
+    else:
+        mlm, tokenizer = (data.tiny_bert([t for t, _ in docs] + hierarchy.names)
+                          if args.model == 'tiny' else data.load_pretrained(args.model))
+        model = lhmix.build_model(mlm, tokenizer, hierarchy, args.arch, args.max_length)
+        state, extra = {'epoch': 0, 'best': -1.0, 'bad_epochs': 0}, {}
+    max_text, most = model.text_budget(args.max_length), model.mlm.config.max_position_embeddings
+    if not 0 < max_text <= model.text_budget(most):
+        raise ValueError(f'--max-length {args.max_length} leaves {max_text} text tokens for this '
+                         f'model (at most {most} positions)')
+    if args.mix != 'none' and args.epochs <= args.warmup_epochs:
+        print(f'warning: --epochs {args.epochs} <= --warmup-epochs {args.warmup_epochs}: Mixup '
+              'never starts', file=sys.stderr)
+    tokens, cut, gold = {}, {}, {}
+    for name, split in (('train', docs), ('dev', splits['dev']), ('test', splits['test'])):
+        tokens[name], cut[name] = lhmix.tokenize(tokenizer, [t for t, _ in split], max_text)
+        gold[name] = [ls for _, ls in split]
+    print(f'{len(hierarchy)} labels, depth {hierarchy.num_depths}; documents '
+          + ', '.join(f'{k} {len(v)}' for k, v in tokens.items())
+          + f'; cut to --max-length {args.max_length}: ' + ', '.join(f'{k} {cut[k]}' for k in cut))
+    history = []
+    if args.resume:  # the lines of the epochs last/ holds
+        path = os.path.join(out, evaluate.METRICS)
+        for n, line in data.read_lines(path):
+            try:
+                if json.loads(line)['epoch'] < state['epoch']:
+                    history.append(json.loads(line))
+            except (ValueError, KeyError, TypeError):
+                raise ValueError(f'{path}:{n}: not a metrics line (corrupt file)') from None
 
+    model.to(device)
+    graphs = device.type == 'cuda' and not args.no_cuda_graphs
+    why_not = graphs and cuda_graphs_unavailable(device)
+    if why_not:
+        print(f'CUDA graphs off: {why_not}', file=sys.stderr)
+        graphs = False
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr, fused=device.type == 'cuda',
+                           capturable=graphs)
+    if extra:
+        load_adam(opt, extra)
+    table, rows = extra.get('table'), extra.get('rows')
+    if args.mix == 'lhmix' and table is None:  # the initial encoder, frozen (Sec. 4.1)
+        table, rows = lhmix.local_hierarchy_table(model, tokenizer, gold['train'])
+        print(f'{len(table)} distinct local hierarchies encoded')
+    if table is not None:  # the table on the device, each document's row on the host
+        table, rows = table.to(device), rows.cpu().numpy()
+    step = make_step(model, opt, graphs, table, args.alpha, args.beta)
+    scorer = CUDAGraphs(model.label_scores) if graphs else None
 
-def claim_out(run):
-    """Makes --out (replacing an earlier run with --overwrite) just before the first save, so that a
-    run that fails before it has an epoch to save leaves --out as it was."""
-    args = run.args
-    if args.overwrite and os.path.lexists(args.out):
-        shutil.rmtree(args.out)
-    os.makedirs(args.out, exist_ok=True)
-    run.claimed = True
+    steps = -(-len(docs) // args.batch)  # one bar for the run (stderr; off when not a terminal)
+    with tqdm(total=steps * (args.epochs - state['epoch']), desc='train', disable=None) as bar:
+        for epoch in range(state['epoch'], args.epochs):
+            if state['bad_epochs'] >= args.early_stop:
+                tqdm.write(f'early stop: dev macro-F1 has not improved for {args.early_stop} epochs')
+                break
+            loss, lam, seconds = train_epoch(model, step, tokens['train'], gold['train'], rows,
+                                             args, epoch, bar)
+            scores = lhmix.score_documents(model, tokens['dev'], scorer=scorer)
+            dev = evaluate.f1_scores(scores > 0, gold['dev'], len(hierarchy))
+            line = {'epoch': epoch, 'mix': lam is not None, 'train_loss': loss,
+                    'dev_micro_f1': dev['micro_f1'], 'dev_macro_f1': dev['macro_f1'],
+                    'seconds': round(seconds, 2), 'samples_per_s': round(len(docs) / seconds, 1)}
+            if lam is not None:  # the ratios used, for the README's lambda distribution
+                q = [0, 5, 25, 50, 75, 95, 100]
+                line['lambda'] = {'mean': float(lam.mean()), 'quantiles': dict(
+                    zip(map(str, q), np.quantile(lam, np.array(q) / 100).tolist()))}
+            tqdm.write(f'epoch {epoch:3d}  loss {loss:.4f}  dev micro-F1 {100 * dev["micro_f1"]:.2f}'
+                       f'  macro-F1 {100 * dev["macro_f1"]:.2f}  {seconds:.1f} s'
+                       + (f'  mixup, mean lambda {lam.mean():.3f}' if lam is not None else ''))
+            if not all(torch.isfinite(p).all() for p in model.parameters()):
+                raise FloatingPointError(f'the weights became infinite or NaN in epoch {epoch} '
+                                         '(try a lower --lr); this epoch is not saved')
+            # best/ if dev macro-F1 improved, metrics.jsonl, then last/: a kill between them
+            # re-runs the epoch at --resume. A new run's first epoch is written whole beside
+            # --out, then put in place (over an earlier run only now, with --overwrite).
+            first = not args.resume
+            folder = f'{out}.new-{os.urandom(4).hex()}' if first else out
+            improved = dev['macro_f1'] > state['best']
+            state = {'epoch': epoch + 1, 'best': max(dev['macro_f1'], state['best']),
+                     'bad_epochs': 0 if improved else state['bad_epochs'] + 1}
+            history.append(line)
+            try:
+                if first:
+                    os.makedirs(folder)
+                if improved:
+                    data.save_checkpoint(os.path.join(folder, 'best'), model, tokenizer,
+                                         {**info, 'epoch': epoch, 'dev': line})
+                data.write_atomically(os.path.join(folder, evaluate.METRICS),
+                                      ''.join(json.dumps(h) + '\n' for h in history))
+                extra = adam_extra(opt) | ({} if rows is None else
+                                           {'table': table, 'rows': torch.from_numpy(rows)})
+                data.save_checkpoint(os.path.join(folder, 'last'), model, tokenizer,
+                                     {**info, 'state': state}, extra)
+            except BaseException:
+                if first:
+                    shutil.rmtree(folder, ignore_errors=True)
+                raise
+            if first:
+                put_in_place(folder, out)
+                args.resume = True  # from now on, a run --resume continues
+    finish(out, device, tokens['test'], gold['test'], hierarchy, [ls for _, ls in splits['train']])
 
 
 def main(argv=None):
-    args = parse(argv)
+    args, given = parse(argv)
     try:
-        run = setup(args)
-    except (ValueError, FileNotFoundError) as e:
+        train(args, given)
+    except KeyboardInterrupt:
+        sys.exit('interrupted: resume with --resume' if args.resume
+                 else f'interrupted before the first epoch was saved: {args.out} unchanged')
+    except torch.OutOfMemoryError:
+        sys.exit(f'error: out of GPU memory at --batch {args.batch}; try a smaller --batch')
+    except OSError as e:  # disk full, permissions: the file and the reason
+        sys.exit(f'error: {e.filename}: {e.strerror}' if e.filename else f'error: {e}')
+    except (ValueError, FloatingPointError) as e:
         sys.exit(f'error: {e}')
-    run.claimed = args.resume
-    steps = -(-len(run.tokens['train']) // args.batch)
-    # one bar for the run (stderr); off when stderr is not a terminal, where the epoch lines say it all
-    with tqdm(total=steps * (args.epochs - run.state['epoch']), desc='train', disable=None, dynamic_ncols=True) as bar:
-        for epoch in range(run.state['epoch'], args.epochs):
-            if run.state['bad_epochs'] >= args.early_stop:
-                tqdm.write(f'early stop: dev macro-F1 has not improved for {args.early_stop} epochs')
-                break
-            try:
-                line = train_epoch(run, epoch, bar)
-            except FloatingPointError as e:
-                sys.exit(f'error: {e}')
-            tqdm.write(f"epoch {epoch:3d}  loss {line['train_loss']:.4f}  dev micro-F1 {100 * line['dev_micro_f1']:.2f}  "
-                       f"macro-F1 {100 * line['dev_macro_f1']:.2f}  {line['seconds']:.1f} s"
-                       + (f"  mixup, mean lambda {line['lambda']['mean']:.3f}" if line['mix'] else ''))
-            try:
-                check_weights(run, epoch)
-                if not run.claimed:
-                    claim_out(run)
-                save_epoch(run, line)  # lhmix.save_checkpoint refuses non-finite weights
-            except FloatingPointError as e:
-                sys.exit(f'error: {e}')
-    finish(run)
 
 
 if __name__ == '__main__':
