@@ -1,400 +1,217 @@
 """Speed of LH-Mix against the bare encoder it sits on, in one run on one device.
 
-    python bench.py                      # bert-base sizes (random weights), WOS-like lengths, GPU
-    python bench.py --size tiny --lengths short --steps 3    # a CPU smoke test
+    python bench.py                  # bert-base sizes, WOS-like lengths, on the GPU
+    python bench.py --size tiny --lengths short --steps 3 --rounds 2    # a CPU smoke test
 
-Measures, on the same batches (same lengths, bucketed as train.py buckets them), each eager and
-replayed from CUDA graphs (train.py's default on CUDA):
-  1. the floor: the encoder's forward + backward + Adam step in the same precision, nothing else
-     (also through torch.compile, for reference); its GPU-kernel time is the limit;
-  2. a Prompt training step (--mix none); 3. an LH-Mix training step (cached similarity, Mixup),
-     both through train.py's own step (train.make_step);
-  4. evaluation throughput (documents/s); 5. the fused ZMLCE autograd Function against the plain
-     formula (1e12-masked concatenate-and-logsumexp): forward + backward time and peak memory.
-Speed does not depend on the weights, so models are built from a config with random weights.
+The limit is the floor's GPU-kernel time: the bare encoder's forward + backward + Adam in the same
+precision. Every step is train.make_step's, eager and replayed from CUDA graphs; the ways take
+turns over the rounds (drifts hit all alike) and the median is reported. Models have random
+weights: speed does not depend on them.
 """
 import argparse
+import sys
 import time
 
 import numpy as np
 import torch
 from tqdm import tqdm
+from transformers import BertConfig, BertForMaskedLM
 
+import evaluate
 import lhmix
 import train
+from train import DEFAULTS
 
-SIZES = {'base': dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
-                      vocab_size=30522),
-         'tiny': dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
-                      vocab_size=1000)}
-LENGTHS = {'wos': (284, 100), 'nyt': (600, 250), 'short': (100, 60)}  # word-pieces: mean, sd (cut to 512)
-SPECIAL = {'pad': 0, 'cls': 101, 'sep': 102, 'mask': 103}
+SIZES = {'base': (768, 12, 12, 30522), 'tiny': (128, 2, 2, 1000)}  # hidden, layers, heads, vocab
+LENGTHS = {'wos': (284, 100), 'nyt': (600, 250), 'short': (100, 60)}  # word-pieces: mean, sd
+PARENTS = {f'd{i}': None for i in range(7)} | {f'a{j}': f'd{j % 7}' for j in range(134)}  # WOS's
+FLOOR = ('input_ids', 'attention_mask')
+PROMPT = FLOOR + ('targets', 'mlm_pos', 'mlm_labels')
+LHMIX = PROMPT + ('rows', 'partner')
 
-
-DOMAINS, AREAS = 7, 134  # WOS's shape: 141 labels, depth 2
-
-
-def wos_like_hierarchy():
-    """DOMAINS domains with AREAS areas between them."""
-    parents = {f'd{i}': None for i in range(DOMAINS)}
-    parents.update({f'a{j}': f'd{j % DOMAINS}' for j in range(AREAS)})
-    return lhmix.Hierarchy(parents)
-
-
-def random_labels(n, rng):
-    """n gold label sets of wos_like_hierarchy's shape: a domain id and an area id (after the domains)."""
-    return [[int(rng.integers(DOMAINS)), DOMAINS + int(rng.integers(AREAS))] for _ in range(n)]
-
-
-def random_table(model, n, rng):
-    """Stand-ins for train.py's cached local hierarchies (on the CPU): 64 embeddings, one row per document."""
-    return torch.randn(64, model.mlm.config.hidden_size), torch.from_numpy(rng.integers(0, 64, n))
-
-
-def sync(device):
-    if device.type == 'cuda':
-        torch.cuda.synchronize()
+p = argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+p.add_argument('--size', default='base', choices=SIZES)
+p.add_argument('--lengths', default='wos', choices=LENGTHS)
+p.add_argument('--batch', type=int, default=16)
+p.add_argument('--steps', type=int, default=30, help='distinct batches per timed pass')
+p.add_argument('--rounds', type=int, default=9, help='timed passes of each (median reported)')
+p.add_argument('--device', help='cpu, cuda or cuda:N (default: cuda when there is one)')
+p.add_argument('--epoch', action='store_true',
+               help="instead: train.py's epoch (LH-Mix) and dev evaluation at WOS's size")
+args = p.parse_args()
+if min(args.batch, args.steps, args.rounds) < 1:
+    sys.exit(f'error: --batch {args.batch}, --steps {args.steps}, --rounds {args.rounds}: '
+             'each must be >= 1')
+device = evaluate.parse_device(p, args.device)
+cuda = device.type == 'cuda'
+why_not = train.cuda_graphs_unavailable(device)
+ways = ['eager'] + ([] if why_not else ['graphed'])
+print(f"{torch.cuda.get_device_name(device) if cuda else 'CPU'}, torch {torch.__version__}; "
+      f'size {args.size}, lengths {args.lengths}, batch {args.batch}, '
+      f'{args.steps} steps x {args.rounds} rounds; CUDA graphs: {why_not or "yes"}')
 
 
-def make_model(size, arch, device):
-    from transformers import BertConfig, BertForMaskedLM
+def make_model():
     torch.manual_seed(0)
-    mlm = BertForMaskedLM(BertConfig(max_position_embeddings=512, **SIZES[size]))
-    special = SPECIAL if size == 'base' else {'pad': 0, 'cls': 2, 'sep': 3, 'mask': 4}
-    return lhmix.LHMix(mlm, wos_like_hierarchy(), arch, SIZES[size]['vocab_size'], special).to(device)
+    h, layers, heads, vocab = SIZES[args.size]
+    mlm = BertForMaskedLM(BertConfig(vocab_size=vocab, hidden_size=h, num_hidden_layers=layers,
+                                     num_attention_heads=heads, intermediate_size=4 * h))
+    special = {'pad': 0, 'cls': 2, 'sep': 3, 'mask': 4}
+    return lhmix.LHMix(mlm, lhmix.Hierarchy(PARENTS), 'prompt', vocab, special).to(device)
 
 
-def documents(n, lengths, vocab, max_text, rng):
-    mean, sd = LENGTHS[lengths]
-    lens = np.clip(rng.normal(mean, sd, n).round().astype(int), 8, max_text)
-    return [rng.integers(1000 if vocab > 2000 else 5, vocab, k) for k in lens]
+def documents(n, rng):
+    """n random documents of --lengths' lengths, and n label sets of WOS's shape."""
+    mean, sd = LENGTHS[args.lengths]
+    lens = np.clip(rng.normal(mean, sd, n).round().astype(int), 8, model.text_budget(512))
+    docs = [rng.integers(5, model.base_vocab, k) for k in lens]
+    return docs, [[int(rng.integers(7)), 7 + int(rng.integers(134))] for _ in docs]
 
 
-def compare(fns, batches, device, rounds):
-    """{name: (median ms per call, peak GiB)}: each fn is warmed up over every batch (each shape seen
-    once: graphs are captured then), then the fns are timed in turn, `rounds` times, so that drifts
-    hit them all alike."""
-    for fn in fns.values():
-        for b in batches:
-            fn(b)
-    sync(device)
-    if device.type == 'cuda':
-        torch.cuda.set_sync_debug_mode('warn')  # any implicit host sync inside a call is reported
-    times, peak = {k: [] for k in fns}, {}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            if device.type == 'cuda':
-                torch.cuda.reset_peak_memory_stats()
-            t0 = time.perf_counter()
-            for b in batches:
-                fn(b)
-            sync(device)
-            times[k].append((time.perf_counter() - t0) / len(batches) * 1000)
-            peak[k] = torch.cuda.max_memory_allocated() / 2 ** 30 if device.type == 'cuda' else float('nan')
-    if device.type == 'cuda':
-        torch.cuda.set_sync_debug_mode('default')
-    return {k: (float(np.median(times[k])), peak[k]) for k in fns}
+def make_batches(order, static):
+    """train.py's batches, on the CPU, with partners and rows of a 64-row table."""
+    rng = np.random.default_rng(3)  # the same masks whether or not the MLM positions are padded
+    return [dict(lhmix.make_batch(model, [docs[i] for i in idx], [labels[i] for i in idx],
+                                  lhmix.pad_multiple(device), rng, train.MLM_RATE, static),
+                 rows=torch.from_numpy(idx % 64), partner=torch.from_numpy(partner))
+            for idx, partner in order]
 
 
-def _pad_len(model, n, multiple):
-    return -(-(len(model.prefix) + n + 1) // multiple) * multiple
+def make_step(model, graphs, table=None):
+    """train.py's step for `model`, with its own Adam made as train.py makes it."""
+    opt = torch.optim.Adam(model.parameters(), lr=DEFAULTS['lr'], fused=cuda, capturable=graphs)
+    return train.make_step(model, opt, graphs, table, DEFAULTS['alpha'], DEFAULTS['beta'])
 
 
-def trainer(model, graphs):
-    """train.py's step for `model` (its own Adam): eager, or replayed from CUDA graphs."""
-    device = next(model.parameters()).device
-    opt = torch.optim.Adam(model.parameters(), lr=train.PAPER['lr'], fused=device.type == 'cuda', capturable=graphs)
-    scaler = torch.amp.GradScaler(device.type, enabled=False)
-    return train.make_step(model, opt, scaler, graphs)
-
-
-def lhmix_step(step, device, mix='lhmix'):
-    """One training step as train.py's train_epoch runs it (ratios on the CPU, copied with the batch)."""
-    def run(item):
-        b, (h, partner) = item
-        if mix != 'none':
-            b = dict(b, partner=partner)
-            b['lam'] = lhmix.pair_ratios(mix, partner, h)
-        step(**lhmix.to_device(b, device))
-    return run
+def timed(step, keys):
+    """batch -> the step on the batch's `keys`, moved to the device per call as train.py does."""
+    return lambda b: step(**lhmix.to_device({k: b[k] for k in keys}, device))
 
 
 class Floor(torch.nn.Module):
-    """The encoder alone, with a loss that reads all of its output: no training step costs less."""
+    """The encoder alone, with a loss that reads all of its output."""
 
     def __init__(self, encoder):
         super().__init__()
         self.encoder = encoder
 
-    def forward(self, input_ids, attention_mask):
-        return self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state.float().square().mean()
+    def forward(self, input_ids, attention_mask, lam=None):  # make_step passes lam
+        out = self.encoder(input_ids=input_ids, attention_mask=attention_mask)
+        return out.last_hidden_state.float().square().mean()
 
 
-def floor_step(step, device):
-    def run(item):
-        step(**lhmix.to_device({k: item[0][k] for k in ('input_ids', 'attention_mask')}, device))
-    return run
+def sync():
+    if cuda:
+        torch.cuda.synchronize()
 
 
-def build_batches(model, docs, labels, order, table, rows, multiple, seed, static):
-    rng = np.random.default_rng(seed)  # the same masks whether or not the MLM positions are padded
-    batches = [lhmix.make_batch(model, [docs[i] for i in idx], [labels[i] for i in idx], multiple, rng, 0.15,
-                                static=static) for idx, _ in order]
-    return list(zip(batches, [(table[rows[idx]], partner) for idx, partner in order]))
-
-
-def padding(batches):
-    real = sum(int(b['attention_mask'].sum()) for b, _ in batches)
-    return 100 * (sum(b['input_ids'].numel() for b, _ in batches) / real - 1)
-
-
-def pairing_cost(args, model, step, device, rng):
-    """The LH-Mix step on paired batches (train.py's) against unpaired length-bucketed batches
-    (partners a random permutation inside each batch), same documents, all length buckets."""
-    docs = documents(args.batch * args.steps, args.lengths, SIZES[args.size]['vocab_size'], model.text_budget(512), rng)
-    labels = random_labels(len(docs), rng)
-    table, rows = random_table(model, len(docs), rng)
-    multiple = lhmix.pad_multiple(device)
-    lengths = [len(d) for d in docs]
-    paired = lhmix.train_batches(lengths, args.batch, np.random.default_rng(1), paired=True)
-    r = np.random.default_rng(2)
-    unpaired = [(idx, torch.from_numpy(r.permutation(len(idx)))) for idx, _ in
-                lhmix.train_batches(lengths, args.batch, r, paired=False)]
-    out = {}
-    for name, order in (('paired', paired), ('unpaired', unpaired)):
-        batches = build_batches(model, docs, labels, order, table, rows, multiple, 3, False)
-        out[name] = (padding(batches), compare({name: lhmix_step(step, device)}, batches, device, args.rounds)[name][0])
-    return out
-
-
-def train_steps(args, device, rng, graphs, compiled):
-    """ms per step of the floor, Prompt and LH-Mix steps, eager and (when `graphs`) replayed from CUDA
-    graphs, and (when `compiled`) the floor through torch.compile, on identical batches of one
-    sequence length (the commonest bucket: one graph each). Each way has its own model copy (same
-    weights): graphed steps keep their gradients allocated, which an eager step would free."""
-    model = make_model(args.size, 'prompt', device)
-    multiple = lhmix.pad_multiple(device)
-    max_text = model.text_budget(512)
-    docs = documents(args.batch * args.steps * 4, args.lengths, SIZES[args.size]['vocab_size'], max_text, rng)
-    labels = random_labels(len(docs), rng)
-    table, rows = random_table(model, len(docs), rng)
-    order = lhmix.train_batches([len(d) for d in docs], args.batch, rng, paired=True)
-    T = [_pad_len(model, max(len(docs[i]) for i in idx), multiple) for idx, _ in order]
-    common = max(set(T), key=T.count)
-    order = [o for o, t in zip(order, T) if t == common and len(o[0]) == args.batch][:args.steps]
-    eager_b = build_batches(model, docs, labels, order, table, rows, multiple, 3, False)
-    static_b = build_batches(model, docs, labels, order, table, rows, multiple, 3, True)
-    step = trainer(model, False)
-    fns = {'floor': floor_step(trainer(Floor(model.mlm.base_model), False), device),
-           'prompt': lhmix_step(step, device, 'none'), 'lhmix': lhmix_step(step, device)}
-    out = compare(fns, eager_b, device, args.rounds)
-    setup_s = {}
-
-    def first_call(name, fn):  # the first call captures or compiles its one graph
-        t0 = time.perf_counter()
-        fn(static_b[0])
-        sync(device)
-        setup_s[name] = time.perf_counter() - t0
-    if graphs:
-        step_g = trainer(make_model(args.size, 'prompt', device), True)
-        gfns = {'floor_graphed': floor_step(trainer(Floor(make_model(args.size, 'prompt', device).mlm.base_model), True),
-                                            device),
-                'prompt_graphed': lhmix_step(step_g, device, 'none'), 'lhmix_graphed': lhmix_step(step_g, device)}
-        if compiled:
-            gfns['floor_compiled'] = floor_step(trainer(torch.compile(Floor(model.mlm.base_model), dynamic=False),
-                                                        False), device)
-        for k, fn in gfns.items():
-            first_call(k, fn)
-        out.update(compare(gfns, static_b, device, args.rounds))
-    limit = None
-    if device.type == 'cuda':
-        limit = profile({'floor': fns['floor']}, eager_b[:10], device)['floor'][1]
-    return out, setup_s, limit, common, len(order), model, fns, eager_b
-
-
-def profile(fns, batches, device):
-    """Where a step's time goes: CPU time of all ops (launching kernels included) and GPU kernel
-    time, per step, under torch.profiler (which slows the CPU side)."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == 'cuda' else [])
-    out = {}
-    for name, fn in fns.items():
-        with profile(activities=activities) as prof:
+def compare(runs):
+    """{name: median ms per call} of runs {name: (fn, batches)}: each fn first runs over all of its
+    batches (graphs are captured then), then the fns take turns, --rounds times."""
+    for fn, batches in runs.values():
+        for b in batches:
+            fn(b)
+    sync()
+    if cuda:
+        torch.cuda.set_sync_debug_mode('warn')  # a host sync inside a step is reported
+    times = {k: [] for k in runs}
+    for _ in range(args.rounds):
+        for k, (fn, batches) in runs.items():
+            t0 = time.perf_counter()
             for b in batches:
                 fn(b)
-            sync(device)
-        events = prof.key_averages()
-        cpu = sum(e.self_cpu_time_total for e in events) / len(batches) / 1000
-        gpu = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CPU) / len(batches) / 1000
-        print(f'profile {name:<7} CPU {cpu:7.2f} ms/step   GPU kernels {gpu:7.2f} ms/step')
-        out[name] = (cpu, gpu)
-    return out
+            sync()
+            times[k].append((time.perf_counter() - t0) / len(batches) * 1000)
+    if cuda:
+        torch.cuda.set_sync_debug_mode('default')
+    return {k: float(np.median(v)) for k, v in times.items()}
 
 
-def eval_throughput(model, args, device, rng, graphs):
-    """documents/s of lhmix.score_documents over WOS-like lengths (every bucket), eager and replayed
-    from CUDA graphs, each after a first pass (which captures the graphs: its time is reported)."""
-    def speed(scorer):  # (documents/s of the second pass, seconds of the first)
-        seconds = []
-        for _ in range(2):
-            t0 = time.perf_counter()
-            lhmix.score_documents(model, docs, scorer=scorer)
-            sync(device)
-            seconds.append(time.perf_counter() - t0)
-        return len(docs) / seconds[1], seconds[0]
-    docs = documents(args.eval_docs, args.lengths, SIZES[args.size]['vocab_size'], model.text_budget(512), rng)
-    out = {'eager': speed(None)}
-    if graphs:
-        scorer = train.CUDAGraphs(model.label_scores)
-        out['graphed'] = speed(scorer)
-        out['graphs'] = len(scorer.graphs)
-    return out
-
-
-def epoch_run(args, device, graphs):
-    """Training epochs (LH-Mix, MLM on) each with its dev evaluation at WOS's size, through train.py's
-    own train_epoch (lhmix.train_batches, make_batch, train.make_step, lhmix.score_documents). With
-    `graphs`, two epochs: the first captures the graphs, the second replays them (and any new shape)."""
-    rng = np.random.default_rng(5)
-    model = make_model(args.size, 'prompt', device)
-    n_train, n_dev = max(32, int(30070 * args.epoch_scale)), max(16, int(7518 * args.epoch_scale))
-    vocab, max_text = SIZES[args.size]['vocab_size'], model.text_budget(512)
-    tokens = {'train': documents(n_train, args.lengths, vocab, max_text, rng),
-              'dev': documents(n_dev, args.lengths, vocab, max_text, rng)}
-    labels, dev_gold = random_labels(n_train, rng), random_labels(n_dev, rng)
-    table, rows = random_table(model, n_train, rng)
-    targs = argparse.Namespace(**{**train.PAPER, 'warmup_epochs': 0, 'no_mlm': False})
-    step = trainer(model, graphs)
-    run = argparse.Namespace(args=targs, device=device, hierarchy=model.hierarchy, model=model, tokens=tokens,
-                             labels=labels, dev_gold=dev_gold, table=table, rows=rows, graphs=graphs, step=step,
-                             score_graphs=train.CUDAGraphs(model.label_scores) if graphs else None)
-    times, counts = [], []
-    for epoch in range(2 if graphs else 1):
+if args.epoch:  # train.py's own epochs, Mixup from the first; with graphs the first captures them
+    model, rng = make_model(), np.random.default_rng(5)
+    (docs, labels), dev = documents(30070, rng), documents(7518, rng)[0]
+    step = make_step(model, not why_not, torch.randn(64, SIZES[args.size][0], device=device))
+    scorer = None if why_not else train.CUDAGraphs(model.label_scores)
+    targs = train.parse(['--data', 'wos', '--warmup-epochs', '0', '--batch', str(args.batch),
+                         '--device', str(device)])[0]
+    for epoch in range(1 if why_not else 2):
+        _, _, seconds = train.train_epoch(model, step, docs, labels, np.arange(len(docs)) % 64,
+                                          targs, epoch, tqdm(disable=True))
         t0 = time.perf_counter()
-        line = train.train_epoch(run, epoch, tqdm(disable=True))  # no progress bar
-        total = time.perf_counter() - t0
-        times.append((total, line['seconds'], total - line['seconds']))
-        counts.append((len(step.graphs), len(run.score_graphs.graphs)) if graphs else None)
-    return n_train, n_dev, times, counts
+        lhmix.score_documents(model, dev, scorer=scorer)
+        print(f'epoch {epoch}, {ways[-1]}: {len(docs)} documents in {seconds:.1f} s '
+              f'({1000 * seconds / -(-len(docs) // args.batch):.2f} ms/step), dev evaluation of '
+              f'{len(dev)} in {time.perf_counter() - t0:.1f} s'
+              + ('' if why_not else f'; graphs: {len(step.graphs)} + {len(scorer.graphs)}'))
+    sys.exit()
 
+# Training steps on full batches of the commonest length (one graph each); every way has its own
+# model, as graphed steps keep their gradients allocated. Then the LH-Mix step over all lengths, on
+# random batches (mixing draws them so, issue 17) against length-bucketed ones.
+rng = np.random.default_rng(0)
+model = make_model()
+docs, labels = documents(args.batch * args.steps * 16, rng)
+lengths, multiple = np.array([len(d) for d in docs]), lhmix.pad_multiple(device)
+order = lhmix.train_batches(lengths, args.batch, rng, False)
+T = [-(-(len(model.prefix) + lengths[idx].max() + 1) // multiple) for idx, _ in order]
+same = [(idx, rng.permutation(len(idx))) for (idx, _), t in zip(order, T)
+        if t == max(set(T), key=T.count) and len(idx) == args.batch][:args.steps]
+some = lengths[:args.batch * args.steps]
+mixed = lhmix.train_batches(some, args.batch, rng, True)
+bucketed = [(idx, rng.permutation(len(idx))) for idx, _ in
+            lhmix.train_batches(some, args.batch, rng, False)]
+table = torch.randn(64, SIZES[args.size][0], device=device)
+runs = {}
+for way in ways:
+    floor = make_step(Floor(make_model().mlm.base_model), way == 'graphed')
+    model = make_model()
+    step, batches = make_step(model, way == 'graphed', table), make_batches(same, way == 'graphed')
+    runs |= {f'floor, {way}': (timed(floor, FLOOR), batches),
+             f'Prompt, {way}': (timed(step, PROMPT), batches),
+             f'LH-Mix, {way}': (timed(step, LHMIX), batches)}
+runs |= {f'LH-Mix, {way}, {k} batches': (timed(step, LHMIX), make_batches(o, way == 'graphed'))
+         for k, o in (('random', mixed), ('bucketed', bucketed))}
+ms = compare(runs)
+if cuda:  # the floor's GPU-kernel time, each kernel counted once (by the CPU op launching it)
+    with torch.profiler.profile() as prof:
+        for b in runs['floor, eager'][1]:
+            runs['floor, eager'][0](b)
+        sync()
+    limit = sum(e.self_device_time_total for e in prof.key_averages()
+                if e.device_type == torch.autograd.DeviceType.CPU) / len(same) / 1000
+else:
+    limit = ms['floor, eager']
+print(f'limit: {limit:.2f} ms/step = ' + ("the floor's GPU-kernel time" if cuda else
+                                          'the eager floor (no GPU: no kernel-time limit)'))
+print(f"{'training step':<32} {'ms/step':>8} {'x limit':>8} {'padding':>8}")
+for k in [f'{s}, {w}' for s in ('floor', 'Prompt', 'LH-Mix') for w in ways] + list(runs)[-2:]:
+    x = f'{ms[k] / limit:8.3f}' if k.count(',') == 1 else '       -'  # other lengths
+    real = sum(int(b['attention_mask'].sum()) for b in runs[k][1])
+    pad = 100 - 100 * real / sum(b['input_ids'].numel() for b in runs[k][1])
+    print(f'{k:<32} {ms[k]:8.2f} {x} {pad:7.1f}%')
 
-def plain_zmlce(scores, targets):
-    """The authors' formula: flip signs, mask with 1e12, concatenate a 0 logit, logsumexp twice."""
-    y = targets.to(scores.dtype)
-    s = (1 - 2 * y) * scores
-    s_neg, s_pos = s - y * 1e12, s - (1 - y) * 1e12
-    zeros = torch.zeros_like(s[..., :1])
-    return torch.logsumexp(torch.cat([s_neg, zeros], -1), -1) + torch.logsumexp(torch.cat([s_pos, zeros], -1), -1)
+docs = documents(4096 if cuda else 64, rng)[0]
+for way in ways:  # the first pass captures the graphs, the second is timed
+    scorer = train.CUDAGraphs(model.label_scores) if way == 'graphed' else None
+    for _ in range(2):
+        t0 = time.perf_counter()
+        lhmix.score_documents(model, docs, scorer=scorer)
+    print(f'evaluation, {way}: {len(docs) / (time.perf_counter() - t0):.0f} documents/s')
 
+if not cuda:
+    print('ZMLCE, fused vs plain: not run (the fused kernel needs CUDA)')
+    sys.exit()
+print(f"{'ZMLCE fwd+bwd (rows, labels)':<30} {'fused ms':>9} {'plain ms':>9}")
+for n, L in (16 * 2, 141), (16 * 8, 166), (4096, 4096):
+    scores = (3 * torch.randn(n, L, device=device)).requires_grad_()
+    targets = torch.rand(n, L, device=device) < 0.05
 
-def zmlce_bench(device, shapes, rounds):
-    rows = []
-    for n, L in shapes:
-        g = torch.Generator(device='cpu').manual_seed(n + L)
-        scores = (3 * torch.randn(n, L, generator=g)).to(device).requires_grad_()
-        targets = (torch.rand(n, L, generator=g) < 0.05).to(device)
-
-        def fwd_bwd(loss_fn):
-            def once(_):
-                loss_fn(scores, targets).sum().backward()
-                scores.grad = None
-            return once
-
-        base = torch.cuda.memory_allocated() / 2 ** 30 if device.type == 'cuda' else 0.0
-        res = compare({'fused': fwd_bwd(lhmix.zmlce), 'plain': fwd_bwd(plain_zmlce)}, [None] * 20, device, rounds)
-        res = {k: (ms, (peak - base) * 1024) for k, (ms, peak) in res.items()}  # MiB above the inputs
-        diff = (lhmix.zmlce(scores, targets) - plain_zmlce(scores, targets)).abs().max().item()
-        rows.append(((n, L), res, diff))
-    return rows
-
-
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('--size', default='base', choices=list(SIZES))
-    p.add_argument('--lengths', default='wos', choices=list(LENGTHS))
-    p.add_argument('--batch', type=int, default=16)
-    p.add_argument('--steps', type=int, default=30, help='distinct batches per timed pass')
-    p.add_argument('--rounds', type=int, default=9, help='timed passes of each step, interleaved (the median is reported)')
-    p.add_argument('--profile', action='store_true', help='also profile 10 steps of each (CPU and GPU time)')
-    p.add_argument('--eval-docs', type=int, default=4096)
-    p.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    p.add_argument('--graphs', choices=['auto', 'on', 'off'], default='auto',
-                   help='also time the steps and evaluation replayed from CUDA graphs (auto: when the device can)')
-    p.add_argument('--compile', choices=['auto', 'on', 'off'], default='auto',
-                   help="also time the floor through torch.compile, for reference (auto: on for CUDA)")
-    p.add_argument('--epoch', action='store_true',
-                   help="instead: training epochs + dev evaluation at WOS's size through train.py, eager and graphed")
-    p.add_argument('--epoch-scale', type=float, default=1.0, help='--epoch with this share of the documents')
-    args = p.parse_args()
-    device = torch.device(args.device)
-    if device.type == 'cpu':
-        args.eval_docs = min(args.eval_docs, 64)
-    name = torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'
-    import transformers
-    print(f'device: {name}; torch {torch.__version__}, transformers {transformers.__version__}; '
-          f'size {args.size}, lengths {args.lengths}, batch {args.batch}, {args.steps} steps x {args.rounds} rounds')
-    why_not = train.cuda_graphs_unavailable(device)
-    graphs = args.graphs == 'on' or (args.graphs == 'auto' and why_not is None)
-    compiled = graphs and (args.compile == 'on' or (args.compile == 'auto' and device.type == 'cuda'))
-    if not graphs:
-        print(f'CUDA graphs: not run ({why_not or "--graphs off"})')
-    if args.epoch:
-        for g in ([False, True] if graphs else [False]):
-            n_train, n_dev, times, counts = epoch_run(args, device, g)
-            for e, (total, tr, ev) in enumerate(times):
-                print(f"epoch {'graphed' if g else 'eager  '} #{e}: {n_train} train + {n_dev} dev documents: "
-                      f"{total:.1f} s ({tr:.1f} s training, {tr / -(-n_train // args.batch) * 1000:.2f} ms/step; "
-                      f"{ev:.1f} s dev evaluation)"
-                      + (f'; graphs so far: {counts[e][0]} training, {counts[e][1]} evaluation' if g else ''))
-            if g:
-                print(f'capture time (epoch #0 - epoch #1): {times[0][0] - times[1][0]:.1f} s = '
-                      f'{100 * (times[0][0] - times[1][0]) / times[1][0]:.1f}% of a graphed epoch')
-        return
-    rng = np.random.default_rng(0)
-    steps, setup_s, limit, common, n, model, fns, batches = train_steps(args, device, rng, graphs, compiled)
-    pad = padding(batches)
-    print(f'timed batches: {n} of {args.batch} documents, all of sequence length {common} (the commonest bucket; '
-          f'one graph each), {pad:.1f}% padding')
-    if limit is None:
-        limit, what = steps['floor'][0], 'the eager floor (no GPU: no kernel-time limit)'
-    else:
-        what = "the eager floor's GPU-kernel time (profiled)"
-    print(f'limit: {limit:.2f} ms/step = {what}')
-    print(f"{'training step':<40} {'ms/step':>9} {'x limit':>8}")
-    labels = {'floor': 'floor (encoder fwd+bwd+Adam)', 'prompt': 'Prompt step (--mix none)', 'lhmix': 'LH-Mix step'}
-    ways = {'': 'eager', '_graphed': 'CUDA graphs', '_compiled': 'torch.compile'}
-    for k in ('floor', 'prompt', 'lhmix'):
-        for suffix, way in ways.items():
-            if k + suffix in steps:
-                ms = steps[k + suffix][0]
-                print(f'{labels[k] + ", " + way:<40} {ms:9.2f} {ms / limit:8.3f}')
-    if setup_s:
-        print('first call (capture or compile of one graph): ' + ', '.join(f'{k} {v:.2f} s' for k, v in setup_s.items()))
-    for suffix, way in list(ways.items())[:2]:
-        if 'lhmix' + suffix in steps:
-            print(f"LH-Mix / Prompt ({way}): {steps['lhmix' + suffix][0] / steps['prompt' + suffix][0]:.3f}")
-    if args.profile:
-        profile(fns, batches[:10], device)
-    del fns, batches
-    way = 'CUDA graphs' if graphs else 'eager'
-    cost = pairing_cost(args, model, trainer(model, graphs), device, rng)
-    for k, (pct, ms) in cost.items():
-        print(f'LH-Mix step, {way}, {k + " batches":<18} (all buckets, {args.steps} steps): {pct:5.1f}% padding, '
-              f'{ms:8.2f} ms/step')
-    ev = eval_throughput(model, args, device, rng, graphs)
-    print(f"evaluation eager, {args.eval_docs} documents of {args.lengths}-like lengths: {ev['eager'][0]:.0f} documents/s")
-    if 'graphed' in ev:
-        print(f"evaluation CUDA graphs, same documents: {ev['graphed'][0]:.0f} documents/s "
-              f"(first pass, {ev['graphs']} graphs captured: {ev['graphed'][1]:.1f} s)")
-    del model
-    shapes = [(16 * 2, 141), (16 * 8, 166), (4096, 4096)] if device.type == 'cuda' else [(16 * 2, 141), (16 * 8, 166)]
-    print(f"{'ZMLCE fwd+bwd (rows, labels)':<30} {'fused ms':>9} {'plain ms':>9} {'speedup':>8} "
-          f"{'fused MiB':>10} {'plain MiB':>10} {'max |diff|':>11}")
-    for shape, res, diff in zmlce_bench(device, shapes, args.rounds):
-        (fm, fp), (pm, pp) = res['fused'], res['plain']
-        print(f'{str(shape):<30} {fm:9.3f} {pm:9.3f} {pm / fm:8.2f} {fp:10.1f} {pp:10.1f} {diff:11.2e}')
-
-
-if __name__ == '__main__':
-    main()
+    def fwd_bwd(loss):
+        def once(_):
+            loss(scores, targets).sum().backward()
+            scores.grad = None
+        return once
+    t = compare({k: (fwd_bwd(f), [None] * 20) for k, f in (('fused', lhmix.zmlce),
+                                                          ('plain', lhmix.plain_zmlce))})
+    print(f"{str((n, L)):<30} {t['fused']:9.3f} {t['plain']:9.3f}")
