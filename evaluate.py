@@ -1,16 +1,15 @@
-"""Evaluate a checkpoint (or a file of predictions), or summarise many runs.
+"""Score a checkpoint or a prediction file, classify texts, compare labels, summarise runs.
 
-    python evaluate.py --ckpt out/wos-prompt-lhmix-s0/best --data wos [--split test] [--out FILE]
-    python evaluate.py --predictions preds.jsonl --data wos          # score predictions instead
-    python evaluate.py --summary out/*/                               # mean +- sd per setting, Welch's t-test
+    python evaluate.py --ckpt OUT/best --data wos [--split test] [--out F] [--save-predictions P]
+    python evaluate.py --predictions P --data wos   # P: one {"labels": [label, ...]} a line
+    python evaluate.py --ckpt OUT/best --texts FILE # one JSON line per line of FILE (- = stdin)
+    python evaluate.py --ckpt OUT/best --similar LABEL [--top 15] [--model PRETRAINED]
+    python evaluate.py --summary OUT...             # mean +- sd per setting, Welch's p-values
 
-Prints micro/macro-F1 (HiAGM convention: macro over ALL labels), per-depth F1 and macro-F1 by
-label-frequency quartile (the paper's Fig. 6 analysis) and writes them as JSON with --out.
-A prediction file has one JSON object a line, {"labels": [label, ...]}, in the split's order.
+F1 as HiAGM computes it (macro over ALL labels), per depth and label-frequency quartile (Fig. 6).
 """
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -21,16 +20,18 @@ import torch
 import data
 import lhmix
 
-METRICS, TEST_METRICS = 'metrics.jsonl', 'test_metrics.json'  # a train.py run's figures, beside best/ and last/
+METRICS, TEST_METRICS = 'metrics.jsonl', 'test_metrics.json'  # a train.py run's figures
+# train.py's arguments that do not change a run's result: --summary groups runs without them
+NOT_SETTINGS = {'seed', 'out', 'overwrite', 'resume', 'device', 'no_cuda_graphs', 'data_dir'}
 
 # -----------------------------------------------------------------------------
 # F1 as HiAGM and every HTC baseline compute it, with the paper's per-depth and frequency breakdown
 
 
 def f1_scores(predictions, gold, num_labels, labels=None):
-    """Micro-F1 over all label decisions and macro-F1 over ALL labels of the hierarchy (a label
-    neither predicted nor present scores 0), as HiAGM and every baseline compute them. Inputs are
-    (N, V) 0/1 arrays or lists of label-id collections; `labels` restricts both to a subset."""
+    """Micro-F1 over all label decisions and macro-F1 over ALL labels (a label neither predicted
+    nor present scores 0), as HiAGM and every baseline compute them. Inputs are (N, V) 0/1 arrays
+    or lists of label-id collections; `labels` restricts both to a subset."""
     P, G = (_as_matrix(x, num_labels) for x in (predictions, gold))
     if labels is not None:
         P, G = P[:, labels], G[:, labels]
@@ -44,27 +45,28 @@ def f1_scores(predictions, gold, num_labels, labels=None):
 
     per_label = f1(tp, n_pred, n_gold)
     micro = f1(np.array([tp.sum()]), np.array([n_pred.sum()]), np.array([n_gold.sum()]))[0]
-    return {'micro_f1': float(micro), 'macro_f1': float(per_label.mean()) if len(per_label) else 0.0,
+    return {'micro_f1': float(micro), 'macro_f1': float(per_label.mean() if len(tp) else 0),
             'per_label_f1': per_label.tolist()}
 
 
 def report(pred, gold, hierarchy, train_labels):
-    """Overall, per-depth and label-frequency-quartile F1 (the paper's Fig. 6 analysis; quartiles of
-    the labels by their count in `train_labels`, rarest first) of (N, V) bool predictions."""
+    """Overall, per-depth and label-frequency-quartile F1 of (N, V) bool predictions (quartiles of
+    the labels by their count in `train_labels`, rarest first)."""
     V = len(hierarchy)
     out = {k: v for k, v in f1_scores(pred, gold, V).items() if k != 'per_label_f1'}
     out['per_depth'] = {}
     for d, labels in enumerate(hierarchy.by_depth, 1):
         f = f1_scores(pred, gold, V, labels)
-        out['per_depth'][d] = {'labels': len(labels), 'micro_f1': f['micro_f1'], 'macro_f1': f['macro_f1']}
+        out['per_depth'][d] = {'labels': len(labels), 'micro_f1': f['micro_f1'],
+                               'macro_f1': f['macro_f1']}
     counts = np.bincount([v for ls in train_labels for v in ls], minlength=V)
-    order = np.argsort(counts, kind='stable')  # rarest first
     out['by_frequency'] = []
-    for q, labels in enumerate(np.array_split(order, 4), 1):
+    for q, labels in enumerate(np.array_split(np.argsort(counts, kind='stable'), 4), 1):
         f = f1_scores(pred, gold, V, labels)
-        out['by_frequency'].append({'quartile': q, 'labels': len(labels), 'train_docs_min': int(counts[labels].min()),
-                                    'train_docs_max': int(counts[labels].max()), 'macro_f1': f['macro_f1'],
-                                    'micro_f1': f['micro_f1']})
+        out['by_frequency'].append({
+            'quartile': q, 'labels': len(labels), 'train_docs_min': int(counts[labels].min()),
+            'train_docs_max': int(counts[labels].max()), 'macro_f1': f['macro_f1'],
+            'micro_f1': f['micro_f1']})
     return out
 
 
@@ -78,17 +80,49 @@ def _as_matrix(x, num_labels):
 
 
 # -----------------------------------------------------------------------------
+# Classifying raw texts
+
+
+def classify(model, tokenizer, texts):
+    """Per text: the predicted labels (by depth); `paths`: for each predicted label without a
+    predicted child, the names of the predicted labels from the root down to it (ancestors that
+    were not predicted are left out); every label's score; whether the text was cut to
+    max_length. An empty text predicts nothing."""
+    h, budget = model.hierarchy, model.text_budget(model.max_length)
+    tokens, _ = lhmix.tokenize(tokenizer, list(texts), budget + 1)  # + 1: tells a cut text
+    keep = [i for i, t in enumerate(texts) if t.strip()]
+    scores = lhmix.score_documents(model, [tokens[i][:budget] for i in keep]) if keep else []
+    out = [{'labels': [], 'paths': [], 'scores': {}, 'truncated': False} for _ in texts]
+    for i, s in zip(keep, scores):
+        on = set(np.flatnonzero(s > 0).tolist())
+        leaves = [v for v in sorted(on) if not any(h.parent[c] == v for c in on)]
+        out[i] = {'labels': [h.labels[v] for v in sorted(on, key=lambda v: (h.depth[v], v))],
+                  'paths': [[h.names[a] for a in h.path(v) if a in on] for v in leaves],
+                  'scores': {h.labels[v]: round(float(s[v]), 4) for v in range(len(h))},
+                  'truncated': len(tokens[i]) > budget}
+    return out
+
+
+def texts_main(args, device):
+    model, tokenizer, _ = data.load_checkpoint(args.ckpt, device)
+    out = classify(model, tokenizer, [line for _, line in data.read_lines(args.texts)])
+    for r in out:
+        print(json.dumps(r))
+    cut = sum(r['truncated'] for r in out)
+    if cut:
+        print(f'{cut} of {len(out)} texts truncated to max_length {model.max_length}',
+              file=sys.stderr)
+
+
+# -----------------------------------------------------------------------------
 # Scoring a checkpoint or a prediction file
 
 
 def read_predictions(path, hierarchy, n):
     """(n, V) bool predictions from a JSONL file of {"labels": [label name, ...]}, one line per
-    document of the split (blank lines skipped); any line not of that form is an error naming it."""
+    document of the split (blank lines skipped); a line not of that form is an error naming it."""
     pred = np.zeros((n, len(hierarchy)), dtype=bool)
-    try:
-        lines = [(number, line) for number, line in data.read_lines(path) if line.strip()]
-    except OSError as e:
-        raise ValueError(f'{path}: cannot be read ({e.strerror or e})') from None
+    lines = [(number, line) for number, line in data.read_lines(path) if line.strip()]
     if len(lines) != n:
         raise ValueError(f'{path}: {len(lines)} predictions for {n} documents')
     for i, (number, line) in enumerate(lines):
@@ -105,96 +139,186 @@ def read_predictions(path, hierarchy, n):
     return pred
 
 
+OUTPUT_KEYS = {'--out': {'micro_f1', 'macro_f1'}, '--save-predictions': {'labels'}}
+
+
+def _earlier_output(path, keys):
+    """Whether every JSON line (or the one JSON document) of `path` is an object with `keys`."""
+    try:
+        with open(path, encoding='utf-8') as f:
+            text = f.read()
+        rows = [json.loads(x) for x in text.splitlines() if x.strip()] if 'labels' in keys else [
+            json.loads(text)]
+    except (OSError, ValueError):  # unreadable, not UTF-8 or not JSON: not ours
+        return False
+    return all(isinstance(r, dict) and keys <= r.keys() for r in rows)
+
+
+def output_problem(path, flag, ckpt=None):
+    """Why `flag` (--out, --save-predictions) must not write `path`: into the checkpoint folder
+    `ckpt` being read, over a file that is not its earlier output, or where it cannot (None if it
+    may: missing folders are made when it writes)."""
+    real = os.path.realpath(path)
+    if ckpt and os.path.commonpath([real, os.path.realpath(ckpt)]) == os.path.realpath(ckpt):
+        return f'is inside the checkpoint folder {ckpt} being read'
+    if os.path.isdir(path):
+        return 'is a folder, not a file'
+    if os.path.exists(path) and not _earlier_output(path, OUTPUT_KEYS[flag]):
+        return f'exists and is not an earlier {flag} file (remove it or choose another name)'
+    above = os.path.dirname(real)
+    while not os.path.exists(above):
+        above = os.path.dirname(above)
+    if not os.path.isdir(above) or not os.access(above, os.W_OK | os.X_OK):
+        return f'{above} is not a writable folder'
+    return None
+
+
+def score_main(args, device):
+    hierarchy, splits = data.load_data(args.data, args.data_dir)
+    docs = splits[args.split]
+    if args.predictions:
+        pred = read_predictions(args.predictions, hierarchy, len(docs))
+    else:
+        model, tokenizer, _ = data.load_checkpoint(args.ckpt, device, hierarchy)
+        budget, t0 = model.text_budget(model.max_length), time.time()
+        tokens, cut = lhmix.tokenize(tokenizer, [t for t, _ in docs], budget)
+        pred = lhmix.score_documents(model, tokens) > 0
+        print(f'{len(docs)} documents ({cut} truncated to max_length {model.max_length}) '
+              f'in {time.time() - t0:.1f} s')
+    r = report(pred, [ls for _, ls in docs], hierarchy, [ls for _, ls in splits['train']])
+    print(f"{args.split}: micro-F1 {100 * r['micro_f1']:.2f}  macro-F1 {100 * r['macro_f1']:.2f}")
+    for d, f in r['per_depth'].items():
+        print(f"  depth {d}: micro-F1 {100 * f['micro_f1']:.2f}  macro-F1 {100 * f['macro_f1']:.2f}")
+    for f in r['by_frequency']:
+        print(f"  label-frequency quartile {f['quartile']} ({f['train_docs_min']}-"
+              f"{f['train_docs_max']} train docs): macro-F1 {100 * f['macro_f1']:.2f}")
+    if args.out:
+        data.write_atomically(args.out, json.dumps(r, indent=1))
+    if args.save_predictions:
+        data.write_atomically(args.save_predictions, ''.join(
+            json.dumps({'labels': [hierarchy.labels[v] for v in np.flatnonzero(row)]}) + '\n'
+            for row in pred))
+
+
 # -----------------------------------------------------------------------------
 # Summaries over runs: mean +- sd per setting and Welch's t-test (the paper's appendix)
 
 
-def betainc(a, b, x):
-    """Regularised incomplete beta I_x(a, b) by its continued fraction (Lentz's method)."""
-    if x <= 0 or x >= 1:
-        return float(x >= 1)
-    if x > (a + 1) / (a + b + 2):  # the fraction converges fast on this side only
-        return 1.0 - betainc(b, a, 1 - x)
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
-    tiny, f, c, d = 1e-300, 1.0, 1.0, 0.0
-    for i in range(400):
-        m = i // 2
-        if i == 0:
-            num = 1.0
-        elif i % 2:
-            num = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
-        else:
-            num = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
-        d = 1.0 + num * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + num / c
-        c = c if abs(c) > tiny else tiny
-        f *= c * d
-        if abs(1.0 - c * d) < 1e-15:
-            break
-    return front * (f - 1.0)
-
-
-def t_test_p(t, df):
-    """Two-sided p-value of Student's t with df degrees of freedom: I_{df/(df+t^2)}(df/2, 1/2)."""
-    return betainc(df / 2, 0.5, df / (df + t * t))
-
-
-def welch(x, y):
-    """Welch's unequal-variance t-test: (t, df, two-sided p)."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    vx, vy = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
-    if vx + vy == 0:
-        return 0.0, float('nan'), 1.0 if x.mean() == y.mean() else 0.0
-    t = (x.mean() - y.mean()) / math.sqrt(vx + vy)
-    df = (vx + vy) ** 2 / (vx ** 2 / (len(x) - 1) + vy ** 2 / (len(y) - 1))
-    return t, df, t_test_p(t, df)
+def run_args(run):
+    """The arguments train.py saved in the run's best/ checkpoint (its header only is read)."""
+    from safetensors import safe_open
+    path = os.path.join(run, 'best', data.WEIGHTS)
+    try:
+        with safe_open(path, 'pt') as f:
+            return json.loads(f.metadata()['lhmix'])['args']
+    except Exception as e:  # missing, truncated or not a run's: the message says which
+        raise ValueError(f'{path}: not a finished train.py run ({e})') from None
 
 
 def summary(run_dirs):
-    """Groups runs by their arguments (all but seed and output), prints mean +- sd of test F1 per
-    group and Welch's p-value of each group against the first one."""
+    """Groups runs (each folder once) by the arguments that change the result; prints n, mean
+    +- sd of test F1, Welch's p-value against the first group, and Fig. 6's means."""
     groups = {}
-    for run in run_dirs:
-        metrics, meta = os.path.join(run, TEST_METRICS), os.path.join(run, 'best', lhmix.CHECKPOINT_META)
-        if not (os.path.exists(metrics) and os.path.exists(meta)):
-            raise FileNotFoundError(f'{run!r}: no {TEST_METRICS} or best/{lhmix.CHECKPOINT_META} (did the run finish?)')
-        with open(meta) as f:
-            args = json.load(f)['args']
-        with open(metrics) as f:
-            m = json.load(f)
-        key = tuple(sorted((k, v) for k, v in args.items() if k not in ('seed', 'out', 'resume', 'device', 'data_dir')))
-        groups.setdefault(key, []).append(m)
-    varying = sorted({k for key in groups for k, v in key if len({dict(g)[k] for g in groups}) > 1})
-    rows, first = [], None
-    for key, runs in groups.items():
-        a = 100 * np.array([(m['micro_f1'], m['macro_f1']) for m in runs])
-        name = ' '.join(f'{k}={dict(key)[k]}' for k in varying) or 'all runs'
-        row = {'setting': name, 'runs': len(a), 'micro_mean': a[:, 0].mean(), 'micro_sd': a[:, 0].std(ddof=1) if len(a) > 1 else 0.0,
-               'macro_mean': a[:, 1].mean(), 'macro_sd': a[:, 1].std(ddof=1) if len(a) > 1 else 0.0}
-        if first is None:
-            first = a
-        elif len(a) > 1 and len(first) > 1:
-            row['p_micro'], row['p_macro'] = welch(a[:, 0], first[:, 0])[2], welch(a[:, 1], first[:, 1])[2]
-        if all('per_depth' in m for m in runs):  # Fig. 6: mean over the runs of each breakdown
-            row['depth_macro'] = [100 * np.mean([m['per_depth'][d]['macro_f1'] for m in runs]) for d in runs[0]['per_depth']]
-            row['quartile_macro'] = [100 * np.mean([m['by_frequency'][q]['macro_f1'] for m in runs]) for q in range(4)]
-        rows.append(row)
-    print(f"{'setting':<50} {'n':>2}  {'micro-F1':>13}  {'macro-F1':>13}  p vs first (micro, macro)")
+    for run in dict.fromkeys(os.path.realpath(r) for r in run_dirs):
+        args = {k: v for k, v in run_args(run).items() if k not in NOT_SETTINGS}
+        with open(os.path.join(run, TEST_METRICS)) as f:
+            groups.setdefault(json.dumps(args, sort_keys=True), (args, []))[1].append(json.load(f))
+    varying = sorted({k for a, _ in groups.values() for k in a
+                      if len({json.dumps(b.get(k)) for b, _ in groups.values()}) > 1})
+    try:
+        from scipy.stats import ttest_ind
+    except ImportError:
+        ttest_ind = None
+        print('(no p-values without scipy: pip install scipy)')
+    print(f"{'setting':<50} {'n':>2}  {'micro-F1':<13}  {'macro-F1':<13}  p vs first")
+    rows = []
+    for args, runs in groups.values():
+        f1 = 100 * np.array([(m['micro_f1'], m['macro_f1']) for m in runs])
+        fig6 = [[f['macro_f1'] for f in [*m['per_depth'].values(), *m['by_frequency']]]
+                for m in runs]
+        r = {'setting': ' '.join(f'{k}={args.get(k)}' for k in varying) or 'all runs',
+             'n': len(f1), 'f1': f1, 'mean': f1.mean(0), 'sd': None, 'p': None,
+             'fig6': 100 * np.mean(fig6, 0)}
+        if len(f1) > 1:  # one run has no sd (and no p-value)
+            r['sd'] = f1.std(0, ddof=1)
+            if rows and ttest_ind and rows[0]['n'] > 1:
+                r['p'] = ttest_ind(f1, rows[0]['f1'], equal_var=False).pvalue
+        cells = [f'{m:6.2f}' + (f' ± {r["sd"][i]:4.2f}' if r['n'] > 1 else ' ' * 7)
+                 for i, m in enumerate(r['mean'])]
+        p = ', '.join(f'{x:.3g}' for x in r['p']) if r['p'] is not None else ''
+        print(f"{r['setting']:<50} {r['n']:>2}  {'  '.join(cells)}  {p}")
+        rows.append(r)
+    print(f"\n{'setting':<50} macro-F1 per depth, then per label-frequency quartile (rarest first)")
     for r in rows:
-        p = f"{r['p_micro']:.3g}, {r['p_macro']:.3g}" if 'p_micro' in r else ''
-        print(f"{r['setting']:<50} {r['runs']:>2}  {r['micro_mean']:6.2f} ± {r['micro_sd']:4.2f}  "
-              f"{r['macro_mean']:6.2f} ± {r['macro_sd']:4.2f}  {p}")
-    if all('depth_macro' in r for r in rows):
-        print(f"\n{'setting':<50} macro-F1 per depth | per label-frequency quartile, rarest first (means)")
-        for r in rows:
-            print(f"{r['setting']:<50} " + ' '.join(f'{x:6.2f}' for x in r['depth_macro']) + ' | '
-                  + ' '.join(f'{x:6.2f}' for x in r['quartile_macro']))
+        print(f"{r['setting']:<50} " + ' '.join(f'{x:6.2f}' for x in r['fig6']))
     return rows
 
 
+# -----------------------------------------------------------------------------
+# The paper's label case study (its t-SNE figure around "Hockey"): nearest labels by the
+# verbalizer's embeddings, at initialisation and after training
+
+
+def find_label(hierarchy, label):
+    """Id of `label`, given as its key or its (unique, any case) name."""
+    if label in hierarchy.index:
+        return hierarchy.index[label]
+    hits = [v for v, name in enumerate(hierarchy.names) if name.lower() == label.lower()]
+    if len(hits) != 1:
+        raise ValueError(f"label {label!r} is not in the checkpoint's hierarchy" if not hits else
+                         f'label name {label!r} is ambiguous: {[hierarchy.labels[v] for v in hits]}')
+    return hits[0]
+
+
+def similar_labels(model, init_model, label, top):
+    """Prints the labels in the top `top` by cosine to `label` (key or name) in the label
+    embeddings after training (`model`) or at initialisation (`init_model`); change = rank at
+    init - rank after training (+: moved nearer), 'new' if not in the top at init. Returns every
+    other label's dict (label, rank_init, rank_trained, cos_init, cos_trained), rank 1 = nearest
+    (ties by label id), nearest after training first."""
+    h, v = model.hierarchy, find_label(model.hierarchy, label)
+
+    def ranks(m):  # label v gets cosine 2 (above any other), so rank 0
+        emb = m.label_embeddings().detach().float().cpu()
+        cos = torch.nn.functional.cosine_similarity(emb, emb[v:v + 1])
+        return cos.tolist(), torch.argsort(torch.argsort(-cos.index_fill(0, torch.tensor([v]), 2),
+                                                         stable=True)).tolist()
+
+    (cos_i, rank_i), (cos_t, rank_t) = ranks(init_model), ranks(model)
+    rows = sorted(({'label': h.labels[u], 'rank_init': rank_i[u], 'rank_trained': rank_t[u],
+                    'cos_init': cos_i[u], 'cos_trained': cos_t[u]}
+                   for u in range(len(h)) if u != v), key=lambda r: r['rank_trained'])
+    print(f'labels nearest to {h.labels[v]} ({h.names[v]}) by cosine of the label embeddings, '
+          f"top {top}\n{'trained':>7} {'init':>5} {'change':>6} {'cos':>7}  label")
+    for r in rows:
+        if min(r['rank_trained'], r['rank_init']) <= top:
+            change = 'new' if r['rank_init'] > top else f"{r['rank_init'] - r['rank_trained']:+d}"
+            print(f"{r['rank_trained']:>7} {r['rank_init']:>5} {change:>6} "
+                  f"{r['cos_trained']:7.3f}  {r['label']} ({h.names[h.index[r['label']]]})")
+    k, kept = min(top, len(rows)), sum(max(r['rank_trained'], r['rank_init']) <= top for r in rows)
+    print(f'{kept} of the top {k} after training were in the top {k} at initialisation')
+    return rows
+
+
+def similar_main(args, device):
+    model, _, meta = data.load_checkpoint(args.ckpt, device)
+    path = args.model or meta.get('args', {}).get('model')
+    if not path or path == 'tiny':  # 'tiny': a random init, not rebuildable
+        raise ValueError(f"{args.ckpt}: the run's pretrained model is unknown ({path}); "
+                         'pass --model PATH')
+    mlm, tokenizer = data.load_pretrained(path)
+    if len(tokenizer) != model.base_vocab or mlm.config.hidden_size != model.mlm.config.hidden_size:
+        raise ValueError(f'{path}: not the model this checkpoint was trained from '
+                         '(vocabulary or width differs)')
+    init = lhmix.build_model(mlm, tokenizer, model.hierarchy, model.arch, model.max_length)
+    similar_labels(model, init, args.similar, args.top)
+
+
+# -----------------------------------------------------------------------------
+
+
 def parse_device(parser, name):
-    """The torch.device of --device NAME (default: cuda when there is one), or the parser's error."""
+    """The torch.device of --device NAME (default: cuda if there is one), or the parser's error."""
     try:
         device = torch.device(name or ('cuda' if torch.cuda.is_available() else 'cpu'))
     except RuntimeError:
@@ -206,203 +330,39 @@ def parse_device(parser, name):
     return device
 
 
-def output_problem(path):
-    """Why the file `path` could not be written (None if it can: missing folders are made when it is)."""
-    if path is None:
-        return None
-    if os.path.isdir(path):
-        return 'is a folder, not a file'
-    above = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(above):
-        above = os.path.dirname(above)
-    if not os.path.isdir(above):
-        return f'{above} is a file, not a folder'
-    if not os.access(above, os.W_OK | os.X_OK):
-        return f'{above} is not writable'
-    return None
-
-
-def write_atomically(path, text):
-    """Writes `path` whole or not at all (a temporary file renamed over it), making its folder."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f'.{os.path.basename(path)}.{os.getpid()}.tmp')
-    try:
-        with open(tmp, 'w', encoding='utf-8') as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
-# -----------------------------------------------------------------------------
-# The paper's label case study (its t-SNE figure around "Hockey"): nearest labels by the
-# verbalizer's embeddings, at initialisation and after training
-
-
-def find_label(hierarchy, label):
-    """Id of `label`, given as its key or its (unique) name."""
-    if label in hierarchy.index:
-        return hierarchy.index[label]
-    hits = [v for v, name in enumerate(hierarchy.names) if name == label or name.lower() == label.lower()]
-    if len(hits) == 1:
-        return hits[0]
-    if hits:
-        raise ValueError(f"label name {label!r} is ambiguous: " + ', '.join(hierarchy.labels[v] for v in hits))
-    raise ValueError(f"label {label!r} is not in the checkpoint's hierarchy")
-
-
-def _ranks(emb, v):
-    """Cosine of every label's embedding with label v's, and each label's rank by it (1 = nearest;
-    v itself gets rank 0; ties broken by label id)."""
-    emb = emb.detach().float()
-    cos = torch.nn.functional.cosine_similarity(emb, emb[v:v + 1], dim=1).numpy()
-    order = [u for u in np.argsort(-cos, kind='stable') if u != v]
-    rank = np.zeros(len(emb), dtype=int)
-    rank[order] = np.arange(1, len(order) + 1)
-    return cos, rank
-
-
-def similar_labels(model, init_model, label):
-    """Every other label's cosine similarity to `label` (key or name) in the label embeddings of
-    `init_model` (at initialisation) and `model` (trained), with its rank among all labels but
-    `label` (1 = nearest). Returns dicts (label, rank_init, rank_trained, cos_init, cos_trained),
-    nearest after training first."""
-    h = model.hierarchy
-    if init_model.hierarchy.labels != h.labels:
-        raise ValueError('the initial and trained models have different labels')
-    v = find_label(h, label)
-    cos_i, rank_i = _ranks(init_model.label_embeddings(), v)
-    cos_t, rank_t = _ranks(model.label_embeddings(), v)
-    rows = [{'label': h.labels[u], 'rank_init': int(rank_i[u]), 'rank_trained': int(rank_t[u]),
-             'cos_init': float(cos_i[u]), 'cos_trained': float(cos_t[u])} for u in range(len(h)) if u != v]
-    return sorted(rows, key=lambda r: r['rank_trained'])
-
-
-def print_similar(rows, hierarchy, label, top, file=None):
-    """One row per label in the top-`top` after training or at initialisation; change = rank at
-    init - rank after training (+ = moved nearer), 'new' if it was not in the init top-k."""
-    file = file or sys.stdout
-    v = find_label(hierarchy, label)
-    print(f"labels nearest to {hierarchy.labels[v]} ({hierarchy.names[v]}) by cosine of the label embeddings, "
-          f"top {top}", file=file)
-    print(f"{'trained':>7} {'init':>5} {'change':>6} {'cos':>7}  label", file=file)
-    for r in rows:
-        if r['rank_trained'] > top and r['rank_init'] > top:
-            continue
-        change = 'new' if r['rank_init'] > top else f"{r['rank_init'] - r['rank_trained']:+d}"
-        name = hierarchy.names[hierarchy.index[r['label']]]
-        print(f"{r['rank_trained']:>7} {r['rank_init']:>5} {change:>6} {r['cos_trained']:7.3f}  {r['label']} ({name})",
-              file=file)
-    k = min(top, len(rows))
-    kept = sum(r['rank_trained'] <= top and r['rank_init'] <= top for r in rows)
-    print(f'{kept} of the top {k} after training were in the top {k} at initialisation', file=file)
-
-
-def similar_main(args):
-    """--similar LABEL --ckpt CKPT [--top K] [--model PATH]."""
-    model, _, meta = lhmix.load_checkpoint(args.ckpt)
-    v = find_label(model.hierarchy, args.similar)
-    path = args.model or (meta.get('args') or {}).get('model')
-    if not path:
-        raise ValueError(f'{args.ckpt}: the checkpoint does not record its pretrained model; pass --model PATH')
-    if path == 'tiny':
-        raise ValueError("the run started from --model tiny (random init, not rebuildable); pass --model PATH")
-    mlm, tokenizer = data.load_pretrained(path)
-    if len(tokenizer) != model.base_vocab or mlm.config.hidden_size != model.mlm.config.hidden_size:
-        raise ValueError(f'{path}: not the model this checkpoint was trained from (vocabulary or width differs)')
-    init_model = lhmix.build_model(mlm, tokenizer, model.hierarchy, model.arch, model.max_length)
-    rows = similar_labels(model, init_model, model.hierarchy.labels[v])
-    print_similar(rows, model.hierarchy, model.hierarchy.labels[v], args.top)
-    return rows
-
-
-# -----------------------------------------------------------------------------
-# Predictions for raw texts, one a line
-
-
-def texts_main(args, device):
-    """--ckpt CKPT --texts FILE: one JSON line of lhmix.classify's output per input line."""
-    model, tokenizer, _ = lhmix.load_checkpoint(args.ckpt, device)
-    lines = [line for _, line in data.read_lines(args.texts)]
-    out = lhmix.classify(model, tokenizer, lines)
-    for r in out:
-        print(json.dumps(r))
-    cut = sum(r['truncated'] for r in out)
-    if cut:
-        print(f'{cut} of {len(lines)} texts truncated to max_length {model.max_length}', file=sys.stderr)
-    return out
-
-
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('--ckpt', help='a checkpoint folder written by train.py (OUT/best)')
-    p.add_argument('--predictions', help='score this prediction file instead of a checkpoint')
-    p.add_argument('--data', help='wos | nyt | rcv1 | demo | PATH (as for train.py)')
-    p.add_argument('--data-dir')
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    for flag in ('--ckpt', '--predictions', '--data', '--data-dir', '--out', '--save-predictions',
+                 '--texts', '--similar', '--model', '--device'):
+        p.add_argument(flag)
     p.add_argument('--split', default='test', choices=['train', 'dev', 'test'])
-    p.add_argument('--out', help='write the figures here as JSON')
-    p.add_argument('--save-predictions', help="write the checkpoint's predictions here (JSONL)")
-    p.add_argument('--summary', nargs='+', metavar='RUN_DIR', help='summarise finished train.py runs')
-    p.add_argument('--device', help='cuda or cpu (default: cuda when there is one)')
-    p.add_argument('--similar', metavar='LABEL', help="labels nearest to LABEL (key or name), at init and trained")
-    p.add_argument('--top', type=int, default=15, help='with --similar: how many nearest labels (default 15)')
-    p.add_argument('--model', help="with --similar: the pretrained model the run started from (default: the checkpoint's)")
-    p.add_argument('--texts', metavar='FILE', help="classify FILE's lines (- for stdin), one JSON line each")
+    p.add_argument('--top', type=int, default=15)
+    p.add_argument('--summary', nargs='+')
     args = p.parse_args(argv)
-    if args.similar or args.texts:
-        if not args.ckpt:
-            p.error('--similar and --texts need --ckpt')
-        if args.top < 1:
-            p.error('--top must be >= 1')
-        try:
-            if args.similar:
-                similar_main(args)
-            else:
-                texts_main(args, parse_device(p, args.device))
-        except (ValueError, FileNotFoundError) as e:
-            sys.exit('error: ' + str(e).replace('\n', ' '))
-        return
-    if args.summary:
-        try:
-            summary(args.summary)
-        except (ValueError, FileNotFoundError) as e:
-            sys.exit(f'error: {e}')
-        return
-    if not args.data or bool(args.ckpt) == bool(args.predictions):
-        p.error('give --data and one of --ckpt or --predictions (or --summary RUN_DIR...)')
     device = parse_device(p, args.device)
-    for flag in ('out', 'save_predictions'):  # checked before anything is computed
-        problem = output_problem(getattr(args, flag))
-        if problem:
-            p.error(f"--{flag.replace('_', '-')} {getattr(args, flag)}: {problem}")
+    if args.summary:
+        mode, mode_args = summary, (args.summary,)
+    elif args.texts or args.similar:
+        if not args.ckpt or args.top < 1:
+            p.error('--texts and --similar need --ckpt (and --top >= 1)')
+        mode, mode_args = texts_main if args.texts else similar_main, (args, device)
+    elif args.data and bool(args.ckpt) != bool(args.predictions):
+        mode, mode_args = score_main, (args, device)
+        for flag, path in (('--out', args.out), ('--save-predictions', args.save_predictions)):
+            problem = path and output_problem(path, flag, args.ckpt)  # before computing
+            if problem:
+                sys.exit(f'error: {flag} {path}: {problem}')
+    else:
+        p.error('give --data and one of --ckpt or --predictions, or --texts, --similar, --summary')
     try:
-        hierarchy, splits = data.load_data(args.data, args.data_dir)
-        docs = splits[args.split]
-        if args.predictions:
-            pred = read_predictions(args.predictions, hierarchy, len(docs))
-        else:
-            model, tokenizer, meta = lhmix.load_checkpoint(args.ckpt, device, hierarchy)
-            tokens, cut = lhmix.tokenize(tokenizer, [t for t, _ in docs], model.text_budget(model.max_length))
-            t0 = time.time()
-            pred = lhmix.score_documents(model, tokens) > 0
-            print(f'{len(docs)} documents ({cut} truncated to max_length {model.max_length}) in {time.time() - t0:.1f} s')
-    except (ValueError, FileNotFoundError) as e:
-        sys.exit(f'error: {e}')
-    result = report(pred, [ls for _, ls in docs], hierarchy, [ls for _, ls in splits['train']])
-    print(f"{args.split}: micro-F1 {100 * result['micro_f1']:.2f}  macro-F1 {100 * result['macro_f1']:.2f}")
-    for d, r in result['per_depth'].items():
-        print(f"  depth {d} ({r['labels']} labels): micro-F1 {100 * r['micro_f1']:.2f}  macro-F1 {100 * r['macro_f1']:.2f}")
-    for r in result['by_frequency']:
-        print(f"  frequency quartile {r['quartile']} ({r['labels']} labels, {r['train_docs_min']}-{r['train_docs_max']} "
-              f"train docs): macro-F1 {100 * r['macro_f1']:.2f}")
-    if args.out:
-        write_atomically(args.out, json.dumps(result, indent=1))
-    if args.save_predictions:
-        write_atomically(args.save_predictions, ''.join(
-            json.dumps({'labels': [hierarchy.labels[v] for v in np.flatnonzero(row)]}) + '\n' for row in pred))
+        mode(*mode_args)
+        sys.stdout.flush()  # here, so that a closed pipe is caught below
+    except BrokenPipeError:  # `evaluate.py ... | head -2`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    except (ValueError, OSError) as e:
+        sys.exit('error: ' + str(e).replace('\n', ' '))
 
 
 if __name__ == '__main__':
