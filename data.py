@@ -1,7 +1,6 @@
-"""The data sets: WOS as HPT's scripts build it, HiAGM/HPT-format folders (NYT, RCV1-V2, any), and
-a synthetic demo with the tiny BERT it trains. `load_data(name)` returns (Hierarchy, {split: [(text,
-label ids)]}); everything else here feeds it, except `load_pretrained`: the pretrained model a run starts from.
-"""
+"""The data sets (WOS as HPT's scripts build it, HiAGM/HPT-format folders such as NYT and RCV1-V2,
+a synthetic demo), the pretrained model a run starts from, and checkpoints on disk.
+`load_data(name)` returns (Hierarchy, {split: [(text, label ids)]})."""
 import io
 import json
 import math
@@ -19,63 +18,52 @@ import torch
 
 from lhmix import Hierarchy, LHMix
 
-WOS_URL = ('https://data.mendeley.com/datasets/9rw3vkcfy4/6/files/'
-           'c9ea673d-5542-44c0-ab7b-f1311f7d61df/WebOfScience.zip?dl=1')
+
+def read_lines(path):
+    """[(line number, line)] of a UTF-8 text file (`-`: standard input); a BOM is dropped."""
+    try:
+        with (open(path, encoding='utf-8-sig') if path != '-' else
+              io.TextIOWrapper(io.BytesIO(sys.stdin.buffer.read()), encoding='utf-8-sig')) as f:
+            text = f.read()
+    except UnicodeDecodeError as e:  # e.object: the whole file, read at once
+        before = e.object[:e.start]  # its lines split as open() splits them (\n, \r\n, \r)
+        n = before.replace(b'\r\n', b'\n').replace(b'\r', b'\n').count(b'\n') + 1
+        col = e.start - max(before.rfind(b'\n'), before.rfind(b'\r'))
+        raise ValueError(f'{path}:{n}: not UTF-8 text ({e.reason} at byte {col} of the line)') from None
+    except OSError as e:
+        raise ValueError(f'{path}: cannot be read ({e.strerror})') from None
+    lines = text.split('\n')
+    return list(enumerate(lines[:-1] if lines[-1] == '' else lines, 1))
+
+
+def read_bytes(path):
+    try:
+        with open(path, 'rb') as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f'{path}: cannot be read ({e.strerror})') from None
+
+
+# -----------------------------------------------------------------------------
+# WOS-46985, as HPT's preprocess_wos.py and data_wos.py build it
+
+WOS_FILE = 'c9ea673d-5542-44c0-ab7b-f1311f7d61df'  # WebOfScience.zip, Mendeley Data 9rw3vkcfy4 v6
+# the public-files form is what code written since 2025 fetches; the old form is what Hugging
+# Face's web_of_science script used in 2021
+WOS_URLS = (f'https://data.mendeley.com/public-files/datasets/9rw3vkcfy4/files/{WOS_FILE}/'
+            'file_downloaded',
+            f'https://data.mendeley.com/datasets/9rw3vkcfy4/6/files/{WOS_FILE}/WebOfScience.zip?dl=1')
+BROWSER = 'Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0'
 
 
 def clean_str(text):
-    """HPT's clean_str (preprocess_wos.py): strip whitespace, then surrounding `"`; split off the
-    contractions 's 've n't 're 'd 'll (case-sensitive); collapse runs of whitespace; lower-case.
-    Punctuation and stop words stay (HPT commented out HiAGM's removal of both)."""
+    """HPT's clean_str: strip whitespace, then surrounding `"`; split off the contractions 's 've n't
+    're 'd 'll (case-sensitive); collapse runs of whitespace; lower-case. Punctuation and stop
+    words stay (HPT commented out HiAGM's removal of both)."""
     s = text.strip().strip('"')
     for c in ("'s", "'ve", "n't", "'re", "'d", "'ll"):
         s = s.replace(c, ' ' + c)  # HPT's re.sub(r"\'s", " \'s", ...): a plain replacement
     return re.sub(r'\s{2,}', ' ', s).strip().lower()
-
-
-def read_lines(path):
-    """[(line number, line without its newline)] of a UTF-8 text file (`-`: standard input), split as
-    open() splits it (\\n, \\r\\n or \\r); a BOM is dropped; a byte that is not UTF-8 is an error
-    naming the file, the line and the byte in it."""
-    if path == '-':
-        raw = sys.stdin.buffer.read()
-    else:
-        with open(path, 'rb') as f:
-            raw = f.read()
-    raw = raw[3:] if raw.startswith(b'\xef\xbb\xbf') else raw  # a BOM from Excel/Notepad is not text
-    try:
-        text = raw.decode('utf-8')
-    except UnicodeDecodeError as e:
-        n = io.StringIO(raw[:e.start].decode('utf-8'), newline=None).read().count('\n') + 1
-        start = max(raw.rfind(b'\n', 0, e.start), raw.rfind(b'\r', 0, e.start)) + 1
-        raise ValueError(f'{path}:{n}: not UTF-8 text ({e.reason} at byte {e.start - start + 1} of the line)') from None
-    return [(n, line.rstrip('\n')) for n, line in enumerate(io.StringIO(text, newline=None), 1)]
-
-
-def read_taxonomy(path, names=None):
-    """A Hierarchy from HiAGM's taxonomy format: one line per parent, `parent<TAB>child<TAB>child...`,
-    the root is `Root`; `names` (label -> readable name) for the verbalizer."""
-    parents, lines = {}, {}
-    for n, line in read_lines(path):
-        cells = [c.strip() for c in line.split('\t') if c.strip()]
-        if not cells:
-            continue
-        where = f'{path}:{n}'
-        if len(cells) < 2:
-            raise ValueError(f'{where}: a taxonomy line needs a parent and at least one child')
-        if cells[0] != 'Root' and cells[0] not in parents:
-            lines.setdefault(cells[0], where)  # the parent may be declared later; checked below
-        for child in cells[1:]:
-            if child in parents:
-                raise ValueError(f'{where}: label {child!r} has two parents '
-                                 f'({parents[child]!r} on {lines[child]} and {cells[0]!r})')
-            parents[child], lines[child] = cells[0], where
-    if not parents:
-        raise ValueError(f'{path}: empty (expected lines parent<TAB>child<TAB>child..., the first parent Root)')
-    for p, where in list(lines.items()):
-        if p not in parents:
-            raise ValueError(f'{where}: {p!r} is neither Root nor a child of any label (refers to nothing)')
-    return Hierarchy(parents, names, lines)
 
 
 def wos_split(n):
@@ -92,6 +80,22 @@ def wos_split(n):
     train, test = split(ids)
     train, dev = split(train)
     return train, dev, test
+
+
+def hpt_areas(rows):
+    """The area name of each row as preprocess_wos.py gives it. In file order, each code Y1-Y2 keeps
+    the distinct (stripped) area names seen so far, the row's own appended first; the row's name
+    becomes the first of them that is more frequent in the row's domain over the whole file (HPT
+    hard-codes these counts, `stats`: they are the file's own), else stays."""
+    count = Counter((r[3].strip(), r[4].strip()) for r in rows)
+    seen, out = {}, []
+    for r in rows:
+        domain, area = r[3].strip(), r[4].strip()
+        names = seen.setdefault(r[0] + '-' + r[1], [])  # HPT's code: the raw strings
+        if area not in names:
+            names.append(area)
+        out.append(next((a for a in names if count[domain, a] > count[domain, area]), area))
+    return out
 
 
 def _xlsx_rows(data):
@@ -121,54 +125,62 @@ def _xlsx_rows(data):
             yield [cells.get(i, '') for i in range(max(cells) + 1 if cells else 0)]
 
 
-def _wos_rows(folder):
-    """(source, [(line, fields)]) of WOS-46985's Meta-data table from Data.txt, Data.xlsx or the zip."""
-    txt, xlsx, archive = (os.path.join(folder, f) for f in ('Data.txt', 'Data.xlsx', 'WebOfScience.zip'))
-    if os.path.exists(txt):
-        return txt, [(n, line.split('\t')) for n, line in read_lines(txt) if line.strip()]
-    if os.path.exists(xlsx):
-        with open(xlsx, 'rb') as f:
-            return xlsx, list(enumerate(_xlsx_rows(f.read()), 1))
-    if not os.path.exists(archive):
-        _download(WOS_URL, archive)
-    with zipfile.ZipFile(archive) as z:
-        name = next((n for n in z.namelist() if n.endswith('Meta-data/Data.xlsx')), None)
-        if name is None:
-            raise ValueError(f'{archive}: no Meta-data/Data.xlsx inside')
-        return f'{archive}:{name}', list(enumerate(_xlsx_rows(z.read(name)), 1))
-
-
-def _download(url, path):
-    import urllib.request
-    from tqdm import tqdm
+def _data_xlsx(archive):
+    """(name, bytes) of Meta-data/Data.xlsx in WebOfScience.zip (bytes), or None."""
     try:
-        with urllib.request.urlopen(url, timeout=30) as r:
-            os.makedirs(os.path.dirname(path) or '.', exist_ok=True)  # only once the network answered
-            with open(path + '.part', 'wb') as f, tqdm(total=int(r.headers.get('Content-Length') or 0), unit='B',
-                                                       unit_scale=True, desc=os.path.basename(path)) as bar:
-                while chunk := r.read(1 << 20):
-                    f.write(chunk)
-                    bar.update(len(chunk))
-    except OSError as e:
-        if os.path.exists(path + '.part'):
-            os.remove(path + '.part')
-        raise FileNotFoundError(
-            f'WOS not found in {os.path.dirname(path)!r} and could not be downloaded ({e}). Put Data.txt or '
-            f'Data.xlsx (from Meta-data/ of WebOfScience.zip, Mendeley Data 9rw3vkcfy4 v6) or the zip itself '
-            f'there, or pass --data-dir') from None
-    os.replace(path + '.part', path)
+        with zipfile.ZipFile(io.BytesIO(archive)) as z:
+            name = next((n for n in z.namelist() if n.endswith('Meta-data/Data.xlsx')), None)
+            return name and (name, z.read(name))
+    except zipfile.BadZipFile:
+        return None
+
+
+def _download_wos(path):
+    """WebOfScience.zip from the first of WOS_URLS that gives a zip holding Meta-data/Data.xlsx."""
+    import http.client
+    import urllib.request
+    failed = []
+    for url in WOS_URLS:
+        print(f'downloading {url}', file=sys.stderr)
+        try:
+            request = urllib.request.Request(url, headers={'User-Agent': BROWSER})
+            with urllib.request.urlopen(request, timeout=60) as r:
+                blob, kind = r.read(), r.headers.get_content_type()
+            if _data_xlsx(blob) is None:
+                raise ValueError(f'not a zip holding Meta-data/Data.xlsx ({kind})')
+            return write_atomically(path, blob)
+        except (OSError, ValueError, http.client.HTTPException) as e:
+            failed.append(f'{url}: {e}')
+    folder = os.path.dirname(path)
+    raise ValueError(f'WOS is not in {folder} and could not be downloaded ({"; ".join(failed)}); '
+                     'download WebOfScience.zip from one of these by hand and put it, or Data.txt or '
+                     f'Data.xlsx from its Meta-data/, in {folder} (or pass --data-dir)')
 
 
 def load_wos(folder):
-    """WOS-46985 as HPT's preprocess_wos.py + data_wos.py build it: text = clean_str(Abstract); labels
-    Domain (depth 1) -> area (depth 2) with HPT's area names (hpt_areas); ids as data_wos.py gives
-    them: domains, then areas, each in order of first appearance; HPT's split. Returns (hierarchy, splits)."""
-    source, numbered = _wos_rows(folder)
+    """WOS-46985 as HPT's preprocess_wos.py + data_wos.py build it, from Data.txt, Data.xlsx or
+    WebOfScience.zip (downloaded when none is there): text = clean_str(Abstract); labels Domain
+    (depth 1) -> area (depth 2) named as hpt_areas; ids as data_wos.py gives them: domains, then
+    areas, each in order of first appearance; HPT's split. Returns (hierarchy, splits)."""
+    txt, xlsx, archive = (os.path.join(folder, f) for f in
+                          ('Data.txt', 'Data.xlsx', 'WebOfScience.zip'))
+    if os.path.exists(txt):
+        source, numbered = txt, [(n, line.split('\t')) for n, line in read_lines(txt) if line.strip()]
+    elif os.path.exists(xlsx):
+        source, numbered = xlsx, list(enumerate(_xlsx_rows(read_bytes(xlsx)), 1))
+    else:
+        if not os.path.exists(archive):
+            _download_wos(archive)
+        found = _data_xlsx(read_bytes(archive))
+        if found is None:
+            raise ValueError(f'{archive}: not a zip holding Meta-data/Data.xlsx')
+        source, numbered = f'{archive}:{found[0]}', list(enumerate(_xlsx_rows(found[1]), 1))
     if not numbered:
         raise ValueError(f'{source}: empty')
     n, header = numbered[0][0], [c.strip() for c in numbered[0][1]]
     if header[:7] != ['Y1', 'Y2', 'Y', 'Domain', 'area', 'keywords', 'Abstract']:
-        raise ValueError(f'{source}:{n}: expected the header Y1 Y2 Y Domain area keywords Abstract, got {header}')
+        raise ValueError(f'{source}:{n}: expected the header Y1 Y2 Y Domain area keywords Abstract, '
+                         f'got {header}')
     if len(numbered) == 1:
         raise ValueError(f'{source}: no rows after the header')
     for n, r in numbered[1:]:
@@ -179,139 +191,157 @@ def load_wos(folder):
     rows = [r for _, r in numbered[1:]]
     pairs = list(zip((r[3].strip() for r in rows), hpt_areas(rows)))
     domains = list(dict.fromkeys(d for d, _ in pairs))
-    first = {a: i for i, a in reversed(list(enumerate(a for _, a in pairs)))}  # row where a name first occurs
+    first = {a: i for i, a in reversed(list(enumerate(a for _, a in pairs)))}  # its first row
     owners = Counter(a for _, a in dict.fromkeys(pairs))
-    # data_wos.py keys labels by name; a name under two domains (or a domain's name) would be one label
-    # with two parents there, which is no tree: such an area keeps its domain in its key. The full
-    # WOS file has none (hpt.md), so its labels are exactly HPT's.
+    # data_wos.py keys labels by name; a name under two domains (or a domain's name) would be one
+    # label with two parents there, which is no tree: such an area keeps its domain in its key.
+    # The full WOS file has none, so its labels are exactly HPT's.
     key = {(d, a): a if owners[a] == 1 and a not in domains else f'{a} ({d})' for d, a in pairs}
     parents, names = {d: None for d in domains}, {d: d for d in domains}
     for d, a in sorted(dict.fromkeys(pairs), key=lambda p: first[p[1]]):
         parents[key[d, a]], names[key[d, a]] = d, a
-    hierarchy = Hierarchy(parents, names)
-    docs = [(clean_str(r[6]), [hierarchy.index[d], hierarchy.index[key[d, a]]]) for r, (d, a) in zip(rows, pairs)]
+    h = Hierarchy(parents, names)
+    docs = [(clean_str(r[6]), [h.index[d], h.index[key[d, a]]]) for r, (d, a) in zip(rows, pairs)]
     splits = {s: [docs[i] for i in idx] for s, idx in zip(('train', 'dev', 'test'), wos_split(len(docs)))}
     for s, part in splits.items():
         if not part:
-            raise ValueError(f'{source}: {len(docs)} rows leave the {s} split empty (HPT splits 64/16/20 %)')
-    return hierarchy, splits
+            raise ValueError(f'{source}: {len(docs)} rows leave the {s} split empty '
+                             '(HPT splits 64/16/20 %)')
+    return h, splits
 
 
-def hpt_areas(rows):
-    """The area name of each row as preprocess_wos.py gives it. In file order, each code Y1-Y2 keeps
-    the distinct (stripped) area names seen so far, the row's own appended first; the row's name becomes
-    the first of them that is more frequent in the row's domain over the whole file (HPT hard-codes
-    these counts, `stats`: they are the file's own), else stays."""
-    count = Counter((r[3].strip(), r[4].strip()) for r in rows)
-    seen, out = {}, []
-    for r in rows:
-        domain, area = r[3].strip(), r[4].strip()
-        names = seen.setdefault(r[0] + '-' + r[1], [])  # HPT's code: the raw strings
-        if area not in names:
-            names.append(area)
-        out.append(next((a for a in names if count[domain, a] > count[domain, area]), area))
-    return out
+# -----------------------------------------------------------------------------
+# HiAGM/HPT-format folders
+
+def _taxonomy(path):
+    """({label: parent}, {label: its line}) of HiAGM's taxonomy format: one line per parent,
+    `parent<TAB>child<TAB>child...`, the root is `Root`."""
+    parents, lines = {}, {}
+    for n, line in read_lines(path):
+        cells = [c.strip() for c in line.split('\t') if c.strip()]
+        if not cells:
+            continue
+        if len(cells) < 2:
+            raise ValueError(f'{path}:{n}: a taxonomy line needs a parent and at least one child')
+        for child in cells[1:]:
+            if child in parents:
+                raise ValueError(f'{path}:{n}: label {child!r} has two parents '
+                                 f'({parents[child]!r} on {lines[child]} and {cells[0]!r})')
+            parents[child], lines[child] = cells[0], f'{path}:{n}'
+    if not parents:
+        raise ValueError(f'{path}: empty (expected lines parent<TAB>child<TAB>child..., '
+                         'the first parent Root)')
+    return parents, lines
+
+
+def read_taxonomy(path, names=None):
+    """A Hierarchy from a taxonomy file; `names` (label -> readable name) for the verbalizer."""
+    parents, lines = _taxonomy(path)
+    return Hierarchy(parents, names, lines)
 
 
 def load_hiagm(folder):
     """A folder in the HiAGM format: *_train.json, *_dev.json (or *_val.json), *_test.json (one JSON
     object a line: text in `token` or `doc_token`, label names in `label` or `doc_label`), one
     *.taxonomy (HPT's WOS: wos.taxnomy), and optionally label_names.tsv (code<TAB>readable name).
-    The folders HPT's data_*.py write hold label ids instead, with value_dict.pt (id -> name) beside
-    them: ids are read through it (resolve_ids). Labels are closed upward."""
+    The folders HPT's data_*.py write hold label ids instead, with value_dict.pt (id -> name)
+    beside them: ids are read through it (resolve_ids). Labels are closed upward."""
     if not os.path.isdir(folder):
-        raise FileNotFoundError(f'data folder {folder!r} does not exist')
+        raise ValueError(f'data folder {folder!r} does not exist')
     files = sorted(os.listdir(folder))
     own = os.path.basename(os.path.normpath(folder)) + '_'
 
     def one(suffixes, what):
         found = [f for f in files if f.endswith(suffixes)]
         if len(found) > 1 and sum(f.startswith(own) for f in found) == 1:
-            # HPT's WOS folder also holds preprocess_wos.py's wos_*.json; its train.py reads {folder}_{split}.json
+            # HPT's WOS folder also holds preprocess_wos.py's wos_*.json; HPT reads {folder}_*.json
             found = [f for f in found if f.startswith(own)]
         if len(found) != 1:
-            raise FileNotFoundError(f'{folder!r}: expected one {what} file, found {found or "none"}')
+            raise ValueError(f'{folder!r}: expected one {what} file, found {found or "none"}')
         return os.path.join(folder, found[0])
 
     names = {}
     names_file = os.path.join(folder, 'label_names.tsv')
-    if os.path.exists(names_file):
-        for n, line in read_lines(names_file):
-            if line.strip():
-                code, _, name = line.partition('\t')
-                if not name.strip():
-                    raise ValueError(f'{names_file}:{n}: expected code<TAB>name')
-                names[code.strip()] = name.strip()
+    for n, line in read_lines(names_file) if os.path.exists(names_file) else []:
+        if line.strip():
+            code, _, name = line.partition('\t')
+            if not name.strip():
+                raise ValueError(f'{names_file}:{n}: expected code<TAB>name')
+            names[code.strip()] = name.strip()
     taxonomy = one(('.taxonomy', '.taxnomy'), '*.taxonomy (or wos.taxnomy)')
-    hierarchy = read_taxonomy(taxonomy)
-    value_dict_file = os.path.join(folder, 'value_dict.pt')
-    value_dict = _load_value_dict(value_dict_file) if os.path.exists(value_dict_file) else None
+    parents, lines = _taxonomy(taxonomy)
+    ids_file = os.path.join(folder, 'value_dict.pt')
+    value_dict = _load_value_dict(ids_file) if os.path.exists(ids_file) else None
     raw = {}
-    for split, suffixes in (('train', ('_train.json',)), ('dev', ('_dev.json', '_val.json')), ('test', ('_test.json',))):
+    for split, suffixes in (('train', ('_train.json',)), ('dev', ('_dev.json', '_val.json')),
+                            ('test', ('_test.json',))):
         path = one(suffixes, '*' + ' or *'.join(suffixes))
-        raw[split] = [_hiagm_doc(path, n, line, hierarchy, taxonomy, value_dict, value_dict_file)
+        raw[split] = [_hiagm_doc(f'{path}:{n}', line, parents, taxonomy, value_dict, ids_file)
                       for n, line in read_lines(path) if line.strip()]
         if not raw[split]:
             raise ValueError(f'{path}: no documents (the {split} split may not be empty)')
+        if not any(labels for _, labels in raw[split]):
+            raise ValueError(f'{path}: no document has a label (the {split} split)')
     label_of = {}
     if value_dict is not None:
-        label_of = resolve_ids(value_dict, hierarchy, [labels for docs in raw.values() for _, labels in docs],
-                               value_dict_file, taxonomy)
+        label_of = resolve_ids(value_dict, parents, [labels for docs in raw.values()
+                                                     for _, labels in docs], ids_file, taxonomy)
         # the verbalizer's names are HPT's (e.g. 'HIV/AIDS' whole); label_names.tsv still wins
         names = {**{label_of[i]: value_dict[i] for i in label_of}, **names}
-    hierarchy = read_taxonomy(taxonomy, names)
-    splits = {s: [(text, hierarchy.closure(hierarchy.index[label_of.get(v, v)] for v in labels))
-                  for text, labels in docs] for s, docs in raw.items()}
-    return hierarchy, splits
+    h = Hierarchy(parents, names, lines)
+    return h, {s: [(text, h.closure(h.index[label_of.get(v, v)] for v in labels))
+                   for text, labels in docs] for s, docs in raw.items()}
 
 
-def _hiagm_doc(path, n, line, hierarchy, taxonomy, value_dict, value_dict_file):
-    """(text, labels) of one line of a HiAGM/HPT split file; labels are taxonomy names or value_dict ids."""
+def _hiagm_doc(where, line, parents, taxonomy, value_dict, ids_file):
+    """(text, labels) of one line of a split file; labels are taxonomy names or value_dict ids."""
     try:
         d = json.loads(line)
     except json.JSONDecodeError as e:
-        raise ValueError(f'{path}:{n}: malformed JSON ({e.msg})') from None
+        raise ValueError(f'{where}: malformed JSON ({e.msg})') from None
     d = d if isinstance(d, dict) else {}
     text, labels = d.get('token', d.get('doc_token')), d.get('label', d.get('doc_label'))
     if text is None or not isinstance(labels, list):
-        raise ValueError(f'{path}:{n}: expected an object with `token` (or `doc_token`) and a list '
+        raise ValueError(f'{where}: expected an object with `token` (or `doc_token`) and a list '
                          '`label` (or `doc_label`)')
     if not (isinstance(text, str) or isinstance(text, list) and all(isinstance(w, str) for w in text)):
-        raise ValueError(f'{path}:{n}: `token` must be a string or a list of strings, found {json.dumps(text)[:80]}')
+        raise ValueError(f'{where}: `token` must be a string or a list of strings, '
+                         f'found {json.dumps(text)[:80]}')
     for v in labels:
         if isinstance(v, str):
-            if v not in hierarchy.index:
-                raise ValueError(f'{path}:{n}: label {v!r} is not in the taxonomy {taxonomy}')
+            if v not in parents:
+                raise ValueError(f'{where}: label {v!r} is not in the taxonomy {taxonomy}')
         elif value_dict is None:
-            raise ValueError(f'{path}:{n}: label {json.dumps(v)} is not a string (a label id needs '
-                             f"HPT's {value_dict_file})")
+            raise ValueError(f'{where}: label {json.dumps(v)} is not a string (a label id needs '
+                             f"HPT's {ids_file})")
         elif type(v) is not int:
-            raise ValueError(f'{path}:{n}: label {json.dumps(v)} is neither a name nor an id')
+            raise ValueError(f'{where}: label {json.dumps(v)} is neither a name nor an id')
         elif v not in value_dict:
-            raise ValueError(f'{path}:{n}: label id {v} is not in {value_dict_file}')
+            raise ValueError(f'{where}: label id {v} is not in {ids_file}')
     return ' '.join(text) if isinstance(text, list) else text, labels
 
 
 def _load_value_dict(path):
     """HPT's value_dict.pt (data_*.py): torch.save of a plain dict label id -> name."""
-    import torch  # only HPT's folders need it
+    read_bytes(path)  # unreadable: one line saying why
     try:
         d = torch.load(path, weights_only=True)
     except Exception as e:  # torch raises many kinds for a file that is not its own
-        raise ValueError(f'{path}: not readable by torch.load ({str(e).splitlines()[0] if str(e) else e!r})') from None
+        why = str(e).splitlines()[0] if str(e) else repr(e)
+        raise ValueError(f'{path}: not readable by torch.load ({why})') from None
     if not isinstance(d, dict) or not all(type(k) is int and isinstance(v, str) for k, v in d.items()):
         raise ValueError(f'{path}: expected a dict of label id (int) -> name (str), as HPT writes it')
     return d
 
 
-def resolve_ids(value_dict, hierarchy, doc_labels, value_dict_file, taxonomy):
+def resolve_ids(value_dict, parents, doc_labels, ids_file, taxonomy):
     """The taxonomy label of each id used in `doc_labels`. HPT's value_dict names are the taxonomy's
-    labels (WOS, RCV1) or, for NYT, their last part ('Top/News/World' -> 'World'). A last part shared
-    by several labels is told apart by the parent: HPT labels a NYT document with every prefix of its
-    path, so every document holding the id also holds its parent's name."""
+    labels (WOS, RCV1) or, for NYT, their last part ('Top/News/World' -> 'World'). A last part
+    shared by several labels is told apart by the parent: HPT labels a NYT document with every
+    prefix of its path, so every document holding the id also holds its parent's name."""
     last = {}
-    for i, v in enumerate(hierarchy.labels):
-        last.setdefault(v.rsplit('/', 1)[-1], []).append(i)
+    for v in parents:
+        last.setdefault(v.rsplit('/', 1)[-1], []).append(v)
     with_id = {}
     for labels in doc_labels:
         names = ({value_dict[v] for v in labels if type(v) is int}
@@ -322,23 +352,26 @@ def resolve_ids(value_dict, hierarchy, doc_labels, value_dict_file, taxonomy):
     out = {}
     for i, docs in sorted(with_id.items()):
         name = value_dict[i]
-        found = [hierarchy.index[name]] if name in hierarchy.index else last.get(name, [])
+        found = [name] if name in parents else last.get(name, [])
         if not found:
-            raise ValueError(f'{value_dict_file}: id {i} ({name!r}) names no label of {taxonomy}')
-        placed = [c for c in found if len(found) == 1 or hierarchy.parent[c] < 0 or all(
-            hierarchy.labels[hierarchy.parent[c]].rsplit('/', 1)[-1] in names for names in docs)]
+            raise ValueError(f'{ids_file}: id {i} ({name!r}) names no label of {taxonomy}')
+        placed = [c for c in found if len(found) == 1 or parents[c] == 'Root' or all(
+            parents[c].rsplit('/', 1)[-1] in names for names in docs)]
         if len(placed) != 1:
-            raise ValueError(f'{value_dict_file}: id {i} ({name!r}) may be any of '
-                             f'{[hierarchy.labels[c] for c in found]} ({taxonomy}): not one of them has its '
-                             "parent's name on every document with this id")
-        out[i] = hierarchy.labels[placed[0]]
+            raise ValueError(f'{ids_file}: id {i} ({name!r}) may be any of {found} ({taxonomy}): '
+                             "not one of them has its parent's name on every document with this id")
+        out[i] = placed[0]
     return out
 
+
+# -----------------------------------------------------------------------------
+# The demo, and load_data
 
 def load_demo(seed=0, sizes=(1200, 300, 300)):
     """A small synthetic HTC set: a 2-3 level topic tree; each document draws words from its topics'
     word lists and a shared background, and one in five lies on two paths."""
-    tree = {'science': {'physics': ['quantum', 'optics'], 'biology': ['genetics', 'ecology'], 'chemistry': []},
+    tree = {'science': {'physics': ['quantum', 'optics'], 'biology': ['genetics', 'ecology'],
+                        'chemistry': []},
             'sports': {'football': [], 'tennis': [], 'cycling': []},
             'arts': {'music': ['jazz', 'opera'], 'painting': [], 'cinema': []},
             'business': {'finance': ['banking', 'markets'], 'retail': []}}
@@ -365,12 +398,32 @@ def load_demo(seed=0, sizes=(1200, 300, 300)):
         labels = sorted({i for leaf in chosen for i in path(leaf)})
         topical = [w for i in labels for w in words[hierarchy.labels[i]]]
         n = int(rng.integers(20, 50))
-        text = [topical[rng.integers(len(topical))] if rng.random() < 0.35 else background[rng.integers(60)]
-                for _ in range(n)]
+        text = [topical[rng.integers(len(topical))] if rng.random() < 0.35
+                else background[rng.integers(60)] for _ in range(n)]
         return ' '.join(text), labels
 
     return hierarchy, {s: [doc() for _ in range(n)] for s, n in zip(('train', 'dev', 'test'), sizes)}
 
+
+def load_data(name, data_dir=None):
+    """'wos', 'nyt', 'rcv1', 'demo', or a path to a HiAGM-format folder. Empty texts and documents
+    without labels are kept, and counted in one warning on stderr."""
+    if name == 'demo':
+        if data_dir:
+            raise ValueError(f'--data-dir {data_dir}: --data demo is built in and reads no folder')
+        return load_demo()
+    source = data_dir or (os.path.join('data', name) if name in ('wos', 'nyt', 'rcv1') else name)
+    hierarchy, splits = load_wos(source) if name == 'wos' else load_hiagm(source)
+    counts = [f'{s} {sum(not t.strip() for t, _ in docs)} empty texts, '
+              f'{sum(not labels for _, labels in docs)} without labels'
+              for s, docs in splits.items() if any(not t.strip() or not ls for t, ls in docs)]
+    if counts:
+        print(f'warning: {source}: {"; ".join(counts)} (kept)', file=sys.stderr)
+    return hierarchy, splits
+
+
+# -----------------------------------------------------------------------------
+# The pretrained model a run starts from
 
 def tiny_bert(texts, max_words=8000):
     """A 2-layer, 128-wide BERT with a word-level vocabulary written on the fly (no download)."""
@@ -380,46 +433,47 @@ def tiny_bert(texts, max_words=8000):
     folder = tempfile.mkdtemp(prefix='lhmix-tiny-')
     with open(os.path.join(folder, 'vocab.txt'), 'w', encoding='utf-8') as f:
         f.write('\n'.join(vocab) + '\n')
-    tokenizer = BertTokenizerFast(os.path.join(folder, 'vocab.txt'), do_lower_case=True)  # v4 and v5
+    tokenizer = BertTokenizerFast(os.path.join(folder, 'vocab.txt'), do_lower_case=True)
     shutil.rmtree(folder)
-    config = BertConfig(vocab_size=len(vocab), hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=256, max_position_embeddings=512)
-    return AutoModelForMaskedLM.from_config(config), tokenizer  # as load_checkpoint builds it (same attention)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=128, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=256, max_position_embeddings=512)
+    return AutoModelForMaskedLM.from_config(config), tokenizer  # as load_checkpoint builds it
 
 
 def load_pretrained(name):
     """(masked LM, tokenizer) of a pretrained BERT- or RoBERTa-style model: a local folder or a hub
-    id. Never runs code from the folder (trust_remote_code=False, and a folder whose config asks for
-    custom code is refused). A name that can only be a path fails at once when it is not a folder."""
+    id. Never runs code from the folder (trust_remote_code=False, auto_map refused). A name that can
+    only be a path fails at once when it is not a folder."""
     from safetensors import SafetensorError
     from transformers import AutoModelForMaskedLM, AutoTokenizer
     path = os.path.expanduser(name)
-    first = path.replace('\\', '/').split('/')[0]
-    looks_local = os.path.isabs(path) or name.startswith(('.', '~')) or path.count('/') > 1 or (
-        '/' in path and os.path.isdir(first)) or os.path.exists(path)
-    if looks_local and not os.path.isdir(path):
-        raise ValueError(f'--model {name!r}: ' + ('not a folder' if os.path.exists(path) else 'no such folder'))
-    if looks_local:
-        name = path
-        refuse_remote_code(name)
-        files = os.listdir(name)
+    local = name.startswith(('.', '~', '/')) or path.count('/') > 1 or os.path.exists(path)
+    if local and not os.path.isdir(path):
+        raise ValueError(f'--model {name!r}: '
+                         + ('not a folder' if os.path.exists(path) else 'no such folder'))
+    if local:
+        name, files = path, os.listdir(path)
+        _missing(path, [f for f in files if os.path.isfile(os.path.join(path, f))])  # readable?
+        refuse_remote_code(path)
         if 'config.json' not in files or not any(f.endswith(('.safetensors', '.bin')) for f in files):
-            raise ValueError(f'{name}: no model files (config.json and *.safetensors or *.bin) in this folder')
+            raise ValueError(f'{path}: no model files (config.json and *.safetensors or *.bin) '
+                             'in this folder')
         if not {'tokenizer.json', 'vocab.txt', 'vocab.json'} & set(files):
-            raise ValueError(f'{name}: no tokenizer files (tokenizer.json, vocab.txt or vocab.json) in this folder')
+            raise ValueError(f'{path}: no tokenizer files (tokenizer.json, vocab.txt or vocab.json) '
+                             'in this folder')
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
         mlm = AutoModelForMaskedLM.from_pretrained(name, trust_remote_code=False)
     except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:
-        why = ' '.join(str(e).split())  # one line
-        hint = '' if looks_local else ' (not a local folder; without internet, pass a local folder or --model tiny)'
-        raise ValueError(f'could not load model {name!r}{hint}: {why}') from None
-    return mlm.float(), tokenizer  # fp32 master weights even from an fp16 checkpoint; autocast does the rest
+        hint = '' if local else (' (not a local folder; without internet, pass a local folder or '
+                                 '--model tiny)')
+        raise ValueError(f'could not load model {name!r}{hint}: {" ".join(str(e).split())}') from None
+    return mlm.float(), tokenizer  # fp32 master weights even from fp16 files; autocast does the rest
 
 
 # -----------------------------------------------------------------------------
-# Checkpoints: one folder; config.json and the tokenizer files are written once, when the folder is
-# made, and model.safetensors (weights, extras, metadata: no pickle) is replaced whole at each save
+# Checkpoints: a folder made whole once (config.json, tokenizer files) whose model.safetensors
+# (weights, extras and JSON metadata: no pickle) is replaced whole at each save
 
 WEIGHTS = 'model.safetensors'
 REQUIRED = (WEIGHTS, 'config.json', 'tokenizer.json', 'tokenizer_config.json')
@@ -427,15 +481,13 @@ REQUIRED = (WEIGHTS, 'config.json', 'tokenizer.json', 'tokenizer_config.json')
 
 def _fsync(path):
     fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    os.fsync(fd)
+    os.close(fd)
 
 
 def write_atomically(path, text):
-    """Writes `path` (str or bytes) whole or not at all, making its folder: a complete temporary file
-    beside it, synced, then renamed over it; on any failure (disk full, Ctrl-C) it is removed."""
+    """Writes `path` (str or bytes) whole or not at all, making its folder: a complete, synced
+    temporary file beside it is renamed over it, or removed on any failure (disk full, Ctrl-C)."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f'.{os.path.basename(path)}.{os.getpid()}.tmp')
@@ -452,24 +504,23 @@ def write_atomically(path, text):
     _fsync(folder)
 
 
-def _unique_tensors(model):
-    """The state dict with each tied tensor once (BERT's decoder weight is the word embeddings;
-    safetensors stores no aliases): ({name: tensor}, {alias: the name it shares its storage with})."""
-    tensors, first, aliases = {}, {}, {}
+def _tensors(model):
+    """The state dict with each tied tensor once (safetensors stores no aliases; BERT's decoder
+    weight is its word embeddings), and {alias: the name it is tied to}."""
+    tensors, seen, tied = {}, {}, {}
     for name, t in model.state_dict().items():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
-        if key in first:
-            aliases[name] = first[key]
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.shape)
+        if key in seen:
+            tied[name] = seen[key]
         else:
-            first[key], tensors[name] = name, t
-    return tensors, aliases
+            seen[key], tensors[name] = name, t
+    return tensors, tied
 
 
 def save_checkpoint(folder, model, tokenizer, info, extra=None):
-    """Saves `model` as the checkpoint `folder`. model.safetensors holds the weights, `extra` (name ->
-    tensor, e.g. optimizer state) as extra.<name>, and the metadata 'lhmix': JSON of what rebuilds the
-    LHMix, and `info`. A kill at any instant leaves the old checkpoint or the new one whole.
-    Non-finite weights are refused, nothing written."""
+    """Saves the checkpoint `folder`. Its model.safetensors holds the weights, `extra` ({name:
+    tensor}) as extra.<name>, and JSON metadata 'lhmix': what rebuilds the LHMix, and `info`. A kill
+    at any instant leaves the old checkpoint or the new one. Non-finite weights: nothing written."""
     from safetensors.torch import save
     bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
     if bad:
@@ -481,17 +532,15 @@ def save_checkpoint(folder, model, tokenizer, info, extra=None):
             'max_length': model.max_length,
             'hierarchy': {'labels': h.labels, 'names': h.names,
                           'parents': [h.labels[p] if p >= 0 else None for p in h.parent]}, **info}
-    tensors = {**_unique_tensors(model)[0], **{f'extra.{k}': v for k, v in (extra or {}).items()}}
+    tensors = {**_tensors(model)[0], **{f'extra.{k}': v for k, v in (extra or {}).items()}}
     blob = save({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
                 {'lhmix': json.dumps(meta)})
     if os.path.isdir(folder):
         if not os.path.isfile(os.path.join(folder, 'config.json')):
             raise ValueError(f'{folder}: a folder that is not a checkpoint; not saved into it')
-        write_atomically(os.path.join(folder, WEIGHTS), blob)
-        return
-    # the first save: the folder is built beside it and renamed into place whole
+        return write_atomically(os.path.join(folder, WEIGHTS), blob)
     parent, base = os.path.split(os.path.abspath(folder))
-    tmp = os.path.join(parent, f'.{base}.{os.getpid()}.tmp')
+    tmp = os.path.join(parent, f'.{base}.{os.getpid()}.tmp')  # the first save: built beside it
     os.makedirs(tmp)
     try:
         model.mlm.config.save_pretrained(tmp)
@@ -520,7 +569,7 @@ def refuse_remote_code(folder):
 
 
 def _missing(folder, names):
-    """Those of `names` missing from `folder`; a file that is there but cannot be read is an error."""
+    """Those of `names` missing from `folder`; one there that cannot be read is an error."""
     missing = []
     for name in names:
         try:
@@ -533,15 +582,13 @@ def _missing(folder, names):
 
 
 def load_checkpoint(folder, device='cpu', hierarchy=None):
-    """(model, tokenizer, meta) of a checkpoint: meta is the saved info with the model's keys, and
-    meta['extra'] the extras ({name: tensor}). With `hierarchy`, the labels must be the data's.
-    Runs no code from the folder (trust_remote_code=False, auto_map refused)."""
+    """(model, tokenizer, meta): meta is the saved info and the model's keys, meta['extra'] the
+    extras. With `hierarchy`, the labels must be the data's. Runs no code from the folder."""
     from safetensors import SafetensorError, safe_open
     from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
     if not os.path.isdir(folder):
-        raise ValueError(f'{folder}: ' + ('not a folder' if os.path.exists(folder)
-                                         else 'no such checkpoint folder'))
-    if not os.path.exists(os.path.join(folder, WEIGHTS)) and os.path.isdir(os.path.join(folder, 'best')):
+        raise ValueError(f'{folder}: no such checkpoint folder')
+    if os.path.isdir(os.path.join(folder, 'best')):
         raise ValueError(f'{folder}: a run, not a checkpoint: pass {os.path.join(folder, "best")}')
     missing = _missing(folder, REQUIRED)
     if missing:
@@ -550,45 +597,26 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
     path = os.path.join(folder, WEIGHTS)
     try:
         with safe_open(path, 'pt') as f:
-            meta = json.loads((f.metadata() or {}).get('lhmix', 'null'))
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except (SafetensorError, ValueError) as e:
-        raise ValueError(f'{path}: truncated or corrupt ({" ".join(str(e).split())})') from None
-    if not isinstance(meta, dict) or not {'arch', 'base_vocab', 'special', 'max_length',
-                                          'hierarchy'} <= meta.keys():
-        raise ValueError(f'{path}: not written by this version (no lhmix metadata)')
-    h = meta['hierarchy']
+            meta, tensors = json.loads(f.metadata()['lhmix']), {k: f.get_tensor(k) for k in f.keys()}
+        h = meta['hierarchy']
+    except (SafetensorError, ValueError, KeyError, TypeError) as e:
+        why = ' '.join(f'{type(e).__name__}: {e}'.split())  # one line
+        raise ValueError(f'{path}: truncated, corrupt or not an LH-Mix checkpoint ({why})') from None
     if hierarchy is not None and h['labels'] != hierarchy.labels:
         raise ValueError(f'{folder}: its labels differ from those of the data')
+    meta['extra'] = {k[6:]: tensors.pop(k).to(device) for k in list(tensors) if k[:6] == 'extra.'}
     try:
-        config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
-        mlm = AutoModelForMaskedLM.from_config(config, trust_remote_code=False)
+        mlm = AutoModelForMaskedLM.from_config(AutoConfig.from_pretrained(
+            folder, trust_remote_code=False), trust_remote_code=False)
         model = LHMix(mlm, Hierarchy(dict(zip(h['labels'], h['parents'])),
                                      dict(zip(h['labels'], h['names']))),
                       meta['arch'], meta['base_vocab'], meta['special'], meta['max_length'])
-        want, aliases = _unique_tensors(model)
-        weights = {k: v for k, v in tensors.items() if not k.startswith('extra.')}
-        if weights.keys() != want.keys():  # every parameter loaded, each tied one once
-            raise KeyError(f'missing {sorted(want.keys() - weights.keys())}, '
-                           f'unexpected {sorted(weights.keys() - want.keys())}')
-        model.load_state_dict({**weights, **{a: weights[k] for a, k in aliases.items()}})
-        if _unique_tensors(model)[1] != aliases:
-            raise ValueError('tied weights came apart')
+        tied = _tensors(model)[1]  # strict: every parameter loaded, a tied one from its one copy
+        model.load_state_dict({**tensors, **{a: tensors[k] for a, k in tied.items()}})
+        if _tensors(model)[1] != tied:
+            raise ValueError('its tied weights came apart')
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
-        why = ' '.join(str(e).split())  # one line
-        raise ValueError(f'{folder}: could not be loaded ({type(e).__name__}: {why})') from None
-    meta['extra'] = {k[len('extra.'):]: v.to(device) for k, v in tensors.items()
-                     if k.startswith('extra.')}
+        why = ' '.join(f'{type(e).__name__}: {e}'.split())
+        raise ValueError(f'{folder}: could not be loaded ({why})') from None
     return model.to(device), tokenizer, meta
-
-
-def load_data(name, data_dir=None):
-    """'wos', 'nyt', 'rcv1', 'demo', or a path to a HiAGM-format folder."""
-    if name == 'demo':
-        return load_demo()
-    if name == 'wos':
-        return load_wos(data_dir or os.path.join('data', 'wos'))
-    if name in ('nyt', 'rcv1'):
-        return load_hiagm(data_dir or os.path.join('data', name))
-    return load_hiagm(data_dir or name)
