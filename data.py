@@ -540,7 +540,7 @@ def save_checkpoint(folder, model, tokenizer, info, extra=None):
             raise ValueError(f'{folder}: a folder that is not a checkpoint; not saved into it')
         return write_atomically(os.path.join(folder, WEIGHTS), blob)
     parent, base = os.path.split(os.path.abspath(folder))
-    tmp = os.path.join(parent, f'.{base}.{os.getpid()}.tmp')  # the first save: built beside it
+    tmp = os.path.join(parent, f'.{base}.{os.urandom(4).hex()}.tmp')  # first save: built beside
     os.makedirs(tmp)
     try:
         model.mlm.config.save_pretrained(tmp)

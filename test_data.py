@@ -1,19 +1,27 @@
-"""Tests of data.py: HPT's WOS pipeline, HiAGM/HPT-format folders, the demo set.
-
-Every expected value is computed here, independently, by hand or from the rule as HPT's scripts
-state it. Nothing is downloaded: files are written to tmp_path.
-"""
+"""Tests of data.py: reading files, HPT's WOS pipeline and its download, HiAGM/HPT-format folders,
+checkpoints. Every expected value is computed here, by hand or from the rule as HPT's scripts state
+it. Nothing reaches the network: files are written to tmp_path, the download is served locally."""
 import io
 import json
 import os
 import re
+import shutil
+import subprocess
+import sys
+import threading
 import zipfile
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from xml.sax.saxutils import escape
 
-import numpy as np
-import pytest
+os.environ['HF_HUB_OFFLINE'] = '1'  # never reach the hub, whatever a test does
+os.environ['TRANSFORMERS_OFFLINE'] = '1'
 
-import data
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import data  # noqa: E402
+import lhmix  # noqa: E402
 
 
 def write_lines(path, lines):
@@ -21,8 +29,40 @@ def write_lines(path, lines):
     return str(path)
 
 
+def error(call):
+    """The message of the ValueError `call` raises, checked to be one line."""
+    with pytest.raises(ValueError) as e:
+        call()
+    assert '\n' not in str(e.value)
+    return str(e.value)
+
+
 # -----------------------------------------------------------------------------
-# Data: HPT's WOS split, the raw WOS table, HiAGM folders
+# Reading files
+
+def test_read_lines_splits_as_open_drops_bom_and_reads_stdin(tmp_path, monkeypatch):
+    (tmp_path / 'f').write_bytes(b'\xef\xbb\xbfa\r\nb\rc\n\nd')
+    assert data.read_lines(str(tmp_path / 'f')) == [(1, 'a'), (2, 'b'), (3, 'c'), (4, ''), (5, 'd')]
+    monkeypatch.setattr(sys, 'stdin', io.TextIOWrapper(io.BytesIO(b'x\n\xc3\xa9\n')))
+    assert data.read_lines('-') == [(1, 'x'), (2, '\u00e9')]
+
+
+@pytest.mark.parametrize('raw, where', [(b'ab\ncd\xe9f\n', ':2: not UTF-8 text (invalid continuation '
+                                         'byte at byte 3 of the line)'),
+                                        (b'\xef\xbb\xbfa\xff\n', ':1: not UTF-8 text (invalid start '
+                                         'byte at byte 2 of the line)'),
+                                        (b'a\r\nb\rc\xff', ':3: not UTF-8')])
+def test_read_lines_not_utf8_names_line_and_byte(tmp_path, raw, where):
+    (tmp_path / 'f').write_bytes(raw)
+    assert error(lambda: data.read_lines(str(tmp_path / 'f'))).startswith(f"{tmp_path / 'f'}{where}")
+
+
+def test_read_lines_of_a_folder(tmp_path):
+    assert error(lambda: data.read_lines(str(tmp_path))) == f'{tmp_path}: cannot be read (Is a directory)'
+
+
+# -----------------------------------------------------------------------------
+# HPT's WOS split, the raw WOS table and its download
 
 # Reference indices from HPT's procedure, computed once with scikit-learn 1.9.1 / numpy 2.4.6 in a
 # scratch venv outside the repo:
@@ -32,7 +72,8 @@ def write_lines(path, lines):
 # per part: (size, first 5, last 5, sum)
 HPT_SPLITS = {
     46985: [(30070, [43817, 20131, 22368, 39288, 2020], [9969, 15033, 9845, 45162, 4403], 707290864),
-            (7518, [14007, 3595, 10052, 36681, 27854], [12068, 24437, 41392, 42263, 43718], 174041775),
+            (7518, [14007, 3595, 10052, 36681, 27854], [12068, 24437, 41392, 42263, 43718],
+             174041775),
             (9397, [539, 27780, 37168, 22575, 17027], [38415, 4448, 35701, 32750, 25472], 222438981)],
     1000: [(640, [893, 648, 469, 973, 228], [455, 766, 358, 877, 704], 325022),
            (160, [273, 367, 352, 31, 38], [150, 437, 330, 254, 540], 76559),
@@ -59,41 +100,46 @@ def test_wos_split_small_n_in_full(n, parts):
     assert [p.tolist() for p in data.wos_split(n)] == [list(p) for p in parts]
 
 
-# (Y1, Y2, Domain, area, Abstract, the abstract cleaned by hand as HPT's clean_str, the area HPT gives it)
-# Counts of the raw names per domain: CS Machine learning 2, Neural networks 3, Deep learning 1,
-# Cryptography 1, Security 1; Medical Depression 2, Cancer 3; Psychology Attention 2, Depression 1.
+# (Y1, Y2, Domain, area, Abstract, the abstract cleaned by hand as HPT's clean_str, its HPT area).
+# Raw names per domain: CS Machine learning 2, Neural networks 3, Deep learning 1, Cryptography 1,
+# Security 1; Medical Depression 2, Cancer 3; Psychology Attention 2, Depression 1.
 WOS_ROWS = [
-    ('1', '0', 'Medical', 'Depression', '"We propose a NEW method, for (deep) learning; it\'s 2x faster!"',
-     "we propose a new method, for (deep) learning; it 's 2x faster!",
+    ('1', '0', 'Medical', 'Depression', '"We propose a NEW method, for (deep) learning; it\'s 2x!"',
+     "we propose a new method, for (deep) learning; it 's 2x!",
      'Depression'),  # code 1-0 has seen [Depression]: none more frequent, kept
-    ('0', '0', 'CS', 'Machine learning', 'Kernels  in\u00a0\u00a0R are used.   A b c ', 'kernels in r are used. a b c',
-     'Machine learning'),  # [Machine learning]
+    ('0', '0', 'CS', 'Machine learning', 'Kernels  in\u00a0\u00a0R are used.   A b c ',
+     'kernels in r are used. a b c', 'Machine learning'),  # [Machine learning]
     ('1', '0', 'Medical', 'Cancer ', "  Tumours don't grow;  they've   stopped. ",
      "tumours do n't grow; they 've stopped.", 'Cancer'),  # [Depression, Cancer]: 2 > 3 no
     ('0', '0', 'CS', ' Neural networks', "Parkinson's and Alzheimer's: we'd say we'll, they're",
-     "parkinson 's and alzheimer 's: we 'd say we 'll, they 're", 'Neural networks'),  # [ML, NN]: 2 > 3 no
-    ('2', '0', 'Psychology', 'Attention', "IT'S DON'T", "it's don't", 'Attention'),  # case-sensitive: not split
+     "parkinson 's and alzheimer 's: we 'd say we 'll, they 're",
+     'Neural networks'),  # [ML, NN]: 2 > 3 no
+    ('2', '0', 'Psychology', 'Attention', "IT'S DON'T", "it's don't",
+     'Attention'),  # case-sensitive: not split
     ('1', '0', 'Medical', 'Depression', 'Cells were "stained" with X-ray dye & imaged at 40 \u03bcm.',
      'cells were "stained" with x-ray dye & imaged at 40 \u03bcm.',
-     'Cancer'),  # [Depression, Cancer]: Depression 2 > 2 no, Cancer 3 > 2 yes (per domain: 3 in all too)
-    ('0', '0', 'CS', 'Neural networks', '"Quoted ""inner"" text"', 'quoted ""inner"" text', 'Neural networks'),
+     'Cancer'),  # [Depression, Cancer]: Depression 2 > 2 no, Cancer 3 > 2 yes
+    ('0', '0', 'CS', 'Neural networks', '"Quoted ""inner"" text"', 'quoted ""inner"" text',
+     'Neural networks'),
     ('0', '1', 'CS', 'Cryptography', "'data' isn't 'big'", "'data' is n't 'big'", 'Cryptography'),
-    ('2', '0', 'Psychology ', 'Attention', 'Gradient descent converges', 'gradient descent converges', 'Attention'),
+    ('2', '0', 'Psychology ', 'Attention', 'Gradient descent converges', 'gradient descent converges',
+     'Attention'),
     ('0', '0', 'CS', 'Neural networks', 'Visual attention and memory', 'visual attention and memory',
      'Neural networks'),
-    ('0', '0', 'CS', 'Machine learning', 'Lattice-based encryption & keys', 'lattice-based encryption & keys',
-     'Neural networks'),  # [ML, NN]: ML 2 > 2 no, NN 3 > 2 yes
-    ('1', '0', 'Medical', 'Cancer', 'Chemotherapy outcomes (2019)', 'chemotherapy outcomes (2019)', 'Cancer'),
+    ('0', '0', 'CS', 'Machine learning', 'Lattice-based encryption & keys',
+     'lattice-based encryption & keys', 'Neural networks'),  # [ML, NN]: ML 2 > 2 no, NN 3 > 2 yes
+    ('1', '0', 'Medical', 'Cancer', 'Chemotherapy outcomes (2019)', 'chemotherapy outcomes (2019)',
+     'Cancer'),
     ('2', '0', 'Psychology', 'Depression', 'Selective attention tasks', 'selective attention tasks',
      'Attention'),  # [Attention, Depression]: Attention 2 > 1 (Psychology's own Depression count)
     ('0', '0', 'CS', 'Deep learning', "CNNs' weights", "cnns' weights",
-     'Machine learning'),  # [ML, NN, DL]: the FIRST more frequent, ML 2 > 1, not the most frequent NN
-    ('0', '1', 'CS', 'Security', 'Keys & RSA', 'keys & rsa', 'Security'),  # [Cryptography, Security]: tie, kept
+     'Machine learning'),  # [ML, NN, DL]: the FIRST more frequent, ML 2 > 1, not the most, NN
+    ('0', '1', 'CS', 'Security', 'Keys & RSA', 'keys & rsa', 'Security'),  # [Crypt., Sec.]: a tie
     ('1', '0', 'Medical', 'Cancer', 'Tumour growth in mice', 'tumour growth in mice', 'Cancer'),
 ]
 # data_wos.py's ids: domains in order of first appearance, then areas (their final names) likewise
-WOS_LABELS = ['Medical', 'CS', 'Psychology', 'Depression', 'Machine learning', 'Cancer', 'Neural networks',
-              'Attention', 'Cryptography', 'Security']
+WOS_LABELS = ['Medical', 'CS', 'Psychology', 'Depression', 'Machine learning', 'Cancer',
+              'Neural networks', 'Attention', 'Cryptography', 'Security']
 WOS_HEADER = ['Y1', 'Y2', 'Y', 'Domain', 'area', 'keywords', 'Abstract']
 
 
@@ -109,9 +155,7 @@ def write_data_txt(folder, rows=WOS_ROWS):
 
 def xlsx_bytes(rows):
     """A minimal .xlsx: text cells as shared strings, Y1/Y2/Y as numbers."""
-    ns = 'http://schemas.openxmlformats.org/spreadsheetml/2006/main'
-    strings = []
-    xml_rows = []
+    ns, strings, xml_rows = 'http://schemas.openxmlformats.org/spreadsheetml/2006/main', [], []
     for r, row in enumerate(rows, 1):
         cells = []
         for col, value in zip('ABCDEFG', row):
@@ -122,66 +166,55 @@ def xlsx_bytes(rows):
                 cells.append(f'<c r="{col}{r}" t="s"><v>{len(strings) - 1}</v></c>')
         xml_rows.append(f'<row r="{r}">{"".join(cells)}</row>')
     head = '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n'
-    files = {
-        '[Content_Types].xml': head + '<Types xmlns="http://schemas.openxmlformats.org/package/2006/content-types">'
-        '<Default Extension="xml" ContentType="application/xml"/>'
-        '<Override PartName="/xl/workbook.xml" ContentType="application/'
-        'vnd.openxmlformats-officedocument.spreadsheetml.sheet.main+xml"/></Types>',
-        'xl/workbook.xml': head + f'<workbook xmlns="{ns}" xmlns:r="http://schemas.openxmlformats.org/'
-        'officeDocument/2006/relationships"><sheets><sheet name="Sheet1" sheetId="1" r:id="rId1"/></sheets></workbook>',
-        'xl/worksheets/sheet1.xml': head + f'<worksheet xmlns="{ns}"><sheetData>{"".join(xml_rows)}</sheetData>'
-        '</worksheet>',
-        'xl/sharedStrings.xml': head + f'<sst xmlns="{ns}" count="{len(strings)}">'
-        + ''.join(f'<si><t xml:space="preserve">{escape(s)}</t></si>' for s in strings) + '</sst>',
-    }
+    files = {'xl/worksheets/sheet1.xml': f'{head}<worksheet xmlns="{ns}"><sheetData>'
+             f'{"".join(xml_rows)}</sheetData></worksheet>',
+             'xl/sharedStrings.xml': f'{head}<sst xmlns="{ns}" count="{len(strings)}">' + ''.join(
+                 f'<si><t xml:space="preserve">{escape(s)}</t></si>' for s in strings) + '</sst>'}
+    return zip_bytes(files)
+
+
+def zip_bytes(files):
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, 'w') as z:
-        for name, text in files.items():
-            z.writestr(name, text.encode('utf-8'))
+        for name, content in files.items():
+            z.writestr(name, content)
     return buf.getvalue()
 
 
-@pytest.fixture
-def no_network(monkeypatch):
-    import urllib.request
-
-    def refuse(*args, **kwargs):
-        raise OSError('no network in tests')
-    monkeypatch.setattr(urllib.request, 'urlopen', refuse)
-
-
-def test_load_wos_from_data_txt(tmp_path, no_network):
-    write_data_txt(tmp_path)
+@pytest.mark.parametrize('form', ['Data.txt', 'Data.xlsx', 'WebOfScience.zip'])
+def test_load_wos_each_form_as_hpt(tmp_path, form):
+    if form == 'Data.txt':
+        write_data_txt(tmp_path)
+    else:
+        xlsx = xlsx_bytes(wos_table())
+        (tmp_path / form).write_bytes(xlsx if form == 'Data.xlsx' else zip_bytes(
+            {'WebOfScience/Meta-data/Data.xlsx': xlsx}))
     h, splits = data.load_wos(str(tmp_path))
     assert h.labels == WOS_LABELS and h.names == WOS_LABELS
     assert h.depth == [1, 1, 1, 2, 2, 2, 2, 2, 2, 2] and h.parent == [-1, -1, -1, 0, 1, 0, 1, 2, 1, 1]
     docs = [(clean, [WOS_LABELS.index(dom.strip()), WOS_LABELS.index(area)])
             for _, _, dom, _, _, clean, area in WOS_ROWS]
-    for name, idx in zip(('train', 'dev', 'test'), HPT_SPLIT_16):
-        assert splits[name] == [docs[i] for i in idx]
+    assert splits == {s: [docs[i] for i in idx] for s, idx in zip(('train', 'dev', 'test'),
+                                                                   HPT_SPLIT_16)}
 
 
-@pytest.mark.parametrize('order, labels, areas', [
-    (['Small', 'Big', 'Big'], ['CS', 'Small', 'Big'], ['Small', 'Big', 'Big']),  # Small came first: kept
-    (['Big', 'Small', 'Big'], ['CS', 'Big'], ['Big', 'Big', 'Big']),  # Big came first: Small merges into it
-])
-def test_load_wos_area_rule_depends_on_order(tmp_path, order, labels, areas):
-    write_data_txt(tmp_path, [('0', '0', 'CS', a, f'text {i}') for i, a in enumerate(order)])
-    h, splits = data.load_wos(str(tmp_path))
-    assert h.labels == labels
-    docs = [(f'text {i}', [0, labels.index(a)]) for i, a in enumerate(areas)]
-    assert splits == {s: [docs[i] for i in idx] for s, idx in zip(('train', 'dev', 'test'), HPT_SPLIT_3)}
-
-
-def test_load_wos_area_name_in_two_domains_stays_two_labels(tmp_path):
+@pytest.mark.parametrize('rows, labels, names, docs', [
+    # the area rule depends on the order: Small came first, kept; Big came first, Small merges
+    ([('CS', 'Small'), ('CS', 'Big'), ('CS', 'Big')], ['CS', 'Small', 'Big'], None,
+     [[0, 1], [0, 2], [0, 2]]),
+    ([('CS', 'Big'), ('CS', 'Small'), ('CS', 'Big')], ['CS', 'Big'], None, [[0, 1]] * 3),
     # HPT keys labels by name (one label, two parents): not a tree, so the key carries the domain
-    write_data_txt(tmp_path, [('1', '0', 'Medical', 'Depression', 'a'), ('2', '0', 'Psychology', 'Depression', 'b'),
-                              ('0', '0', 'CS', 'Depression', 'c')])
+    ([('Medical', 'Depression'), ('Psychology', 'Depression'), ('CS', 'Depression')],
+     ['Medical', 'Psychology', 'CS', 'Depression (Medical)', 'Depression (Psychology)',
+      'Depression (CS)'], ['Medical', 'Psychology', 'CS'] + ['Depression'] * 3,
+     [[0, 3], [1, 4], [2, 5]]),
+])
+def test_load_wos_area_names(tmp_path, rows, labels, names, docs):
+    write_data_txt(tmp_path, [('0', '0', d, a, f'text {i}') for i, (d, a) in enumerate(rows)])
     h, splits = data.load_wos(str(tmp_path))
-    assert h.labels == ['Medical', 'Psychology', 'CS', 'Depression (Medical)', 'Depression (Psychology)',
-                        'Depression (CS)']
-    assert h.names == ['Medical', 'Psychology', 'CS', 'Depression', 'Depression', 'Depression']
-    assert (splits['train'], splits['dev'], splits['test']) == ([('b', [1, 4])], [('c', [2, 5])], [('a', [0, 3])])
+    assert h.labels == labels and h.names == (names or labels)
+    assert splits == {s: [(f'text {i}', docs[i]) for i in idx]
+                      for s, idx in zip(('train', 'dev', 'test'), HPT_SPLIT_3)}
 
 
 def test_clean_str_by_hand():
@@ -191,209 +224,438 @@ def test_clean_str_by_hand():
     assert data.clean_str("Smith's 'dog'") == "smith 's 'dog'"
 
 
-def test_load_wos_xlsx_and_zip_parse_like_data_txt(tmp_path, no_network):
+def bad_field(lines):
+    lines[3] = lines[3].rsplit('\t', 1)[0]  # line 4: the abstract is missing
+    return lines
+
+
+@pytest.mark.parametrize('edit, message', [
+    (bad_field, ':4: expected 7 tab-separated fields, found 6'),
+    (lambda ls: bad_field(ls)[:2] + [''] + bad_field(ls)[2:], ':5: expected 7'),  # blanks count
+    (lambda ls: ls[:1], ': no rows after the header'),
+    (lambda ls: ls[:3], ': 2 rows leave the train split empty'),  # test 1, dev 1 of the other 1
+    (lambda ls: [ls[0].replace('Domain', 'Dom')] + ls[1:], ':1: expected the header Y1 Y2 Y'),
+])
+def test_load_wos_table_errors(tmp_path, edit, message):
+    lines = edit(['\t'.join(r) for r in wos_table()])
+    path = write_lines(tmp_path / 'Data.txt', lines)
+    assert error(lambda: data.load_wos(str(tmp_path))).startswith(path + message)
+
+
+class Site(BaseHTTPRequestHandler):
+    """/refused: 403; /moved: a redirect to /zip; /html: a page instead of a zip; /zip: the file."""
+    archive, agents = b'', []
+
+    def do_GET(self):
+        Site.agents.append(self.headers['User-Agent'])
+        if self.path == '/moved':
+            self.send_response(302)
+            self.send_header('Location', '/zip')
+            self.end_headers()
+            return
+        code, kind, body = {'/refused': (403, 'text/plain', b'no'),
+                            '/html': (200, 'text/html', b'<html>sign in</html>'),
+                            '/zip': (200, 'application/zip', Site.archive)}[self.path]
+        self.send_response(code)
+        self.send_header('Content-Type', kind)
+        self.send_header('Content-Length', str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def site(monkeypatch):
+    for var in ('http_proxy', 'HTTP_PROXY', 'https_proxy', 'HTTPS_PROXY', 'all_proxy', 'ALL_PROXY'):
+        monkeypatch.delenv(var, raising=False)
+    server = ThreadingHTTPServer(('127.0.0.1', 0), Site)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    Site.archive, Site.agents = zip_bytes({'Meta-data/Data.xlsx': xlsx_bytes(wos_table())}), []
+    yield f'http://127.0.0.1:{server.server_address[1]}'
+    server.shutdown()
+    server.server_close()
+
+
+def test_wos_download_falls_back_through_refusal_and_redirect(tmp_path, site, monkeypatch):
+    monkeypatch.setattr(data, 'WOS_URLS', (site + '/refused', site + '/moved'))
+    h, splits = data.load_wos(str(tmp_path / 'wos'))
     write_data_txt(tmp_path / 'txt')
-    (tmp_path / 'xlsx').mkdir()
-    (tmp_path / 'xlsx' / 'Data.xlsx').write_bytes(xlsx_bytes(wos_table()))
-    (tmp_path / 'zip').mkdir()
-    with zipfile.ZipFile(tmp_path / 'zip' / 'WebOfScience.zip', 'w') as z:
-        z.writestr('Meta-data/Data.xlsx', xlsx_bytes(wos_table()))
-    h0, s0 = data.load_wos(str(tmp_path / 'txt'))
-    for folder in ('xlsx', 'zip'):
-        h, s = data.load_wos(str(tmp_path / folder))
-        assert (h.labels, h.names, h.parent) == (h0.labels, h0.names, h0.parent)
-        assert s == s0
+    h0, splits0 = data.load_wos(str(tmp_path / 'txt'))
+    assert (h.labels, splits) == (h0.labels, splits0)
+    assert os.listdir(tmp_path / 'wos') == ['WebOfScience.zip']
+    assert (tmp_path / 'wos' / 'WebOfScience.zip').read_bytes() == Site.archive
+    assert len(Site.agents) == 3 and all(a == data.BROWSER for a in Site.agents)  # redirect too
 
 
-def test_load_wos_missing_files_no_download(tmp_path, no_network):
+@pytest.mark.parametrize('second, why', [
+    ('/refused', 'HTTP Error 403: Forbidden'),
+    ('/zip', 'not a zip holding Meta-data/Data.xlsx (application/zip)')])  # a zip without it
+def test_wos_download_failing_names_both_urls_and_writes_nothing(tmp_path, site, monkeypatch,
+                                                                  second, why):
+    Site.archive = zip_bytes({'Meta-data/Other.xlsx': b'x'})
+    monkeypatch.setattr(data, 'WOS_URLS', (site + '/html', site + second))
     folder = tmp_path / 'wos'
-    folder.mkdir()
-    with pytest.raises(FileNotFoundError) as e:
-        data.load_wos(str(folder))
-    assert str(folder) in str(e.value) and 'Data.txt' in str(e.value)
-    assert os.listdir(folder) == []  # no partial download left behind
+    assert error(lambda: data.load_wos(str(folder))) == (
+        f'WOS is not in {folder} and could not be downloaded ({site}/html: not a zip holding '
+        f'Meta-data/Data.xlsx (text/html); {site}{second}: {why}); download WebOfScience.zip from '
+        'one of these by hand and put it, or Data.txt or Data.xlsx from its Meta-data/, in '
+        f'{folder} (or pass --data-dir)')
+    assert not folder.exists()
 
 
-def test_load_wos_wrong_field_count_names_line(tmp_path):
-    rows = ['\t'.join(r) for r in wos_table()]
-    rows[3] = rows[3].rsplit('\t', 1)[0]  # line 4: the abstract is missing
-    path = write_lines(tmp_path / 'Data.txt', rows)
-    with pytest.raises(ValueError, match=re.escape(f'{path}:4:')):
-        data.load_wos(str(tmp_path))
+# -----------------------------------------------------------------------------
+# HiAGM/HPT-format folders, load_data
 
-
-def test_load_wos_line_number_counts_blank_lines(tmp_path):
-    rows = ['\t'.join(r) for r in wos_table()]
-    rows[3] = rows[3].rsplit('\t', 1)[0]
-    path = write_lines(tmp_path / 'Data.txt', rows[:2] + [''] + rows[2:])  # the bad row is now line 5
-    with pytest.raises(ValueError, match=re.escape(f'{path}:5:')):
-        data.load_wos(str(tmp_path))
-
-
-def write_hiagm(folder, train_lines=None, val_lines=None):
+def write_hiagm(folder, train_lines=None, val_lines=None, test_lines=None):
     folder.mkdir(parents=True, exist_ok=True)
     write_lines(folder / 'toy.taxonomy', ['Root\tCCAT\tGCAT', 'CCAT\tC15\tC17', 'C15\tC151'])
     write_lines(folder / 'label_names.tsv', ['CCAT\tCorporate/Industrial', 'C15\tPerformance'])
     write_lines(folder / 'toy_train.json', train_lines or [
         json.dumps({'token': ['profits', 'rose'], 'label': ['C151']}), '',
         json.dumps({'doc_token': 'markets fell', 'doc_label': ['GCAT', 'C17']})])
-    write_lines(folder / 'toy_val.json', val_lines or [json.dumps({'token': 'war news', 'label': ['GCAT']})])
-    write_lines(folder / 'toy_test.json', [json.dumps({'token': ['a', 'b'], 'label': ['C15', 'GCAT']})])
+    write_lines(folder / 'toy_val.json', val_lines or [json.dumps({'token': 'war news',
+                                                                   'label': ['GCAT']})])
+    write_lines(folder / 'toy_test.json', test_lines or [json.dumps({'token': ['a', 'b'],
+                                                                     'label': ['C15', 'GCAT']})])
     return folder
 
 
-def test_load_hiagm(tmp_path):
-    h, splits = data.load_hiagm(str(write_hiagm(tmp_path)))
+def test_load_hiagm(tmp_path, capsys):
+    h, splits = data.load_data(str(write_hiagm(tmp_path)))
     assert h.labels == ['CCAT', 'GCAT', 'C15', 'C17', 'C151']
     assert h.names == ['Corporate/Industrial', 'GCAT', 'Performance', 'C17', 'C151']
-    assert splits['train'] == [('profits rose', [0, 2, 4]), ('markets fell', [0, 1, 3])]  # closed upward
-    assert splits['dev'] == [('war news', [1])]
-    assert splits['test'] == [('a b', [0, 1, 2])]
+    assert splits == {'train': [('profits rose', [0, 2, 4]), ('markets fell', [0, 1, 3])],  # closed
+                      'dev': [('war news', [1])], 'test': [('a b', [0, 1, 2])]}
+    assert capsys.readouterr().err == ''  # nothing to warn of
 
 
-def test_load_hiagm_bad_lines(tmp_path):
-    good = json.dumps({'token': 'x', 'label': ['GCAT']})
-    bad = write_hiagm(tmp_path / 'bad', val_lines=[good, '{"token": "x", "label": ['])
-    with pytest.raises(ValueError, match=re.escape(f"{bad / 'toy_val.json'}:2: malformed JSON")):
-        data.load_hiagm(str(bad))
-    unknown = write_hiagm(tmp_path / 'unknown', train_lines=[good, good, json.dumps({'token': 'x', 'label': ['NOPE']})])
-    with pytest.raises(ValueError, match=re.escape(f"{unknown / 'toy_train.json'}:3: label 'NOPE'")):
-        data.load_hiagm(str(unknown))
+def test_empty_texts_and_unlabelled_documents_kept_and_counted(tmp_path, capsys):
+    doc = {'token': 'x', 'label': ['GCAT']}
+    folder = write_hiagm(tmp_path, [json.dumps({**doc, 'token': []}), json.dumps(doc),
+                                    json.dumps({**doc, 'label': []}), json.dumps({**doc, 'token': ' '})],
+                         test_lines=[json.dumps(doc), json.dumps({**doc, 'label': []})])
+    h, splits = data.load_data('ignored', str(folder))
+    assert splits['train'] == [('', [1]), ('x', [1]), ('x', []), (' ', [1])] and len(splits['test']) == 2
+    assert capsys.readouterr().err == (f'warning: {folder}: train 2 empty texts, 1 without labels; '
+                                       'test 0 empty texts, 1 without labels (kept)\n')
 
 
-def test_load_hiagm_json_line_not_an_object(tmp_path):
-    folder = write_hiagm(tmp_path, val_lines=['[1, 2]'])
-    with pytest.raises(ValueError, match=re.escape(f"{folder / 'toy_val.json'}:1:")):
-        data.load_hiagm(str(folder))
+@pytest.mark.parametrize('name, split', [('toy_train.json', 'train'), ('toy_val.json', 'dev'),
+                                         ('toy_test.json', 'test')])
+def test_split_empty_or_without_any_label_refused(tmp_path, name, split):
+    folder = write_hiagm(tmp_path)
+    (folder / name).write_text('\n', encoding='utf-8')
+    assert error(lambda: data.load_data(str(folder))) == \
+        f'{folder / name}: no documents (the {split} split may not be empty)'
+    write_lines(folder / name, [json.dumps({'token': 'x', 'label': []})] * 2)
+    assert error(lambda: data.load_data(str(folder))) == \
+        f'{folder / name}: no document has a label (the {split} split)'
+
+
+def test_demo_takes_no_data_folder(tmp_path):
+    assert error(lambda: data.load_data('demo', str(tmp_path))) == \
+        f'--data-dir {tmp_path}: --data demo is built in and reads no folder'
+
+
+GOOD = json.dumps({'token': 'x', 'label': ['GCAT']})
+
+
+@pytest.mark.parametrize('name, lines, message', [
+    ('toy_val.json', [GOOD, '{"token": "x", "label": ['], ':2: malformed JSON'),
+    ('toy_val.json', ['[1, 2]'], ':1: expected an object with `token`'),
+    ('toy_train.json', [GOOD, GOOD, '{"token": "x", "label": ["NOPE"]}'], ":3: label 'NOPE'"),
+    ('toy_train.json', [GOOD, '{"token": "x", "label": [11]}'], ':2: label 11 is not a string'),
+    ('toy_train.json', [GOOD, '{"token": "x", "label": ["GCAT", null]}'],
+     ':2: label null is not a string'),
+    ('toy_train.json', [GOOD, '{"token": ["a", 3], "label": ["GCAT"]}'],
+     ':2: `token` must be a string or a list of strings'),
+    ('toy_train.json', [GOOD, '{"token": 5, "label": ["GCAT"]}'],
+     ':2: `token` must be a string or a list of strings'),
+    ('toy.taxonomy', ['', ''], ': empty'),
+])
+def test_load_hiagm_bad_lines_name_file_and_line(tmp_path, name, lines, message):
+    folder = write_hiagm(tmp_path)
+    write_lines(folder / name, lines)
+    assert error(lambda: data.load_hiagm(str(folder))).startswith(f'{folder / name}{message}')
+
+
+@pytest.mark.parametrize('name, line', [('toy_train.json', 3), ('toy_val.json', 1),
+                                        ('toy.taxonomy', 2), ('label_names.tsv', 2)])
+def test_load_hiagm_not_utf8_names_file_and_line(tmp_path, name, line):
+    folder = write_hiagm(tmp_path)
+    lines = (folder / name).read_bytes().split(b'\n')
+    lines[line - 1] = lines[line - 1][:5] + b'\xe9' + lines[line - 1][5:]  # Latin-1 'é'
+    (folder / name).write_bytes(b'\n'.join(lines))
+    assert error(lambda: data.load_hiagm(str(folder))).startswith(f'{folder / name}:{line}: not UTF-8')
 
 
 def write_hpt_wos(folder, train_labels=([0, 2], [1, 3])):
-    """A folder as HPT's preprocess_wos.py + data_wos.py leave it (their own file names and formats)."""
-    import torch
+    """A folder as HPT's preprocess_wos.py + data_wos.py leave it (their own names and formats)."""
     folder.mkdir(parents=True)
-    write_lines(folder / 'wos.taxnomy', ['Root\tCS\tMedical', 'CS\tMachine learning', 'Medical\tHIV/AIDS'])
+    write_lines(folder / 'wos.taxnomy', ['Root\tCS\tMedical', 'CS\tMachine learning',
+                                         'Medical\tHIV/AIDS'])
     torch.save({0: 'CS', 1: 'Medical', 2: 'Machine learning', 3: 'HIV/AIDS'}, folder / 'value_dict.pt')
-    write_lines(folder / 'WebOfScience_train.json',
-                [json.dumps({'token': f'doc {i}', 'label': list(l)}) for i, l in enumerate(train_labels)])
+    write_lines(folder / 'WebOfScience_train.json', [json.dumps({'token': f'doc {i}', 'label': list(l)})
+                                                     for i, l in enumerate(train_labels)])
     write_lines(folder / 'WebOfScience_dev.json', [json.dumps({'token': "it 's dev", 'label': [1, 3]})])
     write_lines(folder / 'WebOfScience_test.json', [json.dumps({'token': 'test', 'label': [3]})])
     # preprocess_wos.py's own files lie beside them, label names instead of ids: not read
     for name in ('wos_total.json', 'wos_train.json', 'wos_val.json', 'wos_test.json'):
-        write_lines(folder / name, [json.dumps({'doc_token': 'other', 'doc_label': ['CS', 'Machine learning']})])
+        write_lines(folder / name, [json.dumps({'doc_token': 'o', 'doc_label': ['CS', 'Medical']})])
     return folder
 
 
 def test_load_hiagm_reads_hpt_wos_folder(tmp_path):
     h, splits = data.load_hiagm(str(write_hpt_wos(tmp_path / 'WebOfScience')))
     assert h.labels == ['CS', 'Medical', 'Machine learning', 'HIV/AIDS']  # the taxonomy's order
-    assert h.names == ['CS', 'Medical', 'Machine learning', 'HIV/AIDS']  # value_dict's name, not 'AIDS'
-    assert splits == {'train': [('doc 0', [0, 2]), ('doc 1', [1, 3])], 'dev': [("it 's dev", [1, 3])],
-                      'test': [('test', [1, 3])]}  # id 3 = HIV/AIDS, closed upward to Medical
+    assert h.names == ['CS', 'Medical', 'Machine learning', 'HIV/AIDS']  # value_dict's, not 'AIDS'
+    assert splits == {'train': [('doc 0', [0, 2]), ('doc 1', [1, 3])],
+                      'dev': [("it 's dev", [1, 3])], 'test': [('test', [1, 3])]}  # closed upward
 
 
 def test_load_hiagm_reads_hpt_nyt_folder(tmp_path):
-    # data_nyt.py: value_dict keeps a path's last part only; 'Arts' is two labels, told apart by the parent
-    import torch
+    # data_nyt.py: value_dict keeps a path's last part; 'Arts' is two labels, told apart by the parent
     folder = tmp_path / 'nyt'
     folder.mkdir()
-    write_lines(folder / 'nyt.taxonomy', ['Root\tTop/News\tTop/Features', 'Top/News\tTop/News/Arts\tTop/News/World',
+    write_lines(folder / 'nyt.taxonomy', ['Root\tTop/News\tTop/Features',
+                                          'Top/News\tTop/News/Arts\tTop/News/World',
                                           'Top/Features\tTop/Features/Arts'])
     torch.save({0: 'News', 1: 'Arts', 2: 'Features', 3: 'Arts', 4: 'World'}, folder / 'value_dict.pt')
-    write_lines(folder / 'nyt_train.json', [json.dumps({'token': 'a', 'label': [0, 1]}),
-                                            json.dumps({'token': 'b', 'label': [2, 3]})])
-    write_lines(folder / 'nyt_dev.json', [json.dumps({'token': 'c', 'label': [0, 4]})])
-    write_lines(folder / 'nyt_test.json', [json.dumps({'token': 'd', 'label': [2, 3, 0, 4]})])
+    for split, labels in (('train', [[0, 1], [2, 3]]), ('dev', [[0, 4]]), ('test', [[2, 3, 0, 4]])):
+        write_lines(folder / f'nyt_{split}.json', [json.dumps({'token': f'{split} {i}', 'label': l})
+                                                   for i, l in enumerate(labels)])
     h, splits = data.load_hiagm(str(folder))
-    assert h.labels == ['Top/News', 'Top/Features', 'Top/News/Arts', 'Top/News/World', 'Top/Features/Arts']
+    assert h.labels == ['Top/News', 'Top/Features', 'Top/News/Arts', 'Top/News/World',
+                        'Top/Features/Arts']
     assert h.names == ['News', 'Features', 'Arts', 'World', 'Arts']
-    assert splits == {'train': [('a', [0, 2]), ('b', [1, 4])], 'dev': [('c', [0, 3])], 'test': [('d', [0, 1, 3, 4])]}
+    assert splits == {'train': [('train 0', [0, 2]), ('train 1', [1, 4])],
+                      'dev': [('dev 0', [0, 3])], 'test': [('test 0', [0, 1, 3, 4])]}
     # 'Arts' without either parent beside it cannot be placed: refused, not guessed
     write_lines(folder / 'nyt_test.json', [json.dumps({'token': 'd', 'label': [1]})])
-    with pytest.raises(ValueError, match=re.escape(f"{folder / 'value_dict.pt'}: id 1 ('Arts') may be any of "
-                                                   "['Top/News/Arts', 'Top/Features/Arts']")):
-        data.load_hiagm(str(folder))
+    assert error(lambda: data.load_hiagm(str(folder))).startswith(
+        f"{folder / 'value_dict.pt'}: id 1 ('Arts') may be any of ['Top/News/Arts', "
+        "'Top/Features/Arts']")
 
 
-def test_load_hiagm_id_not_in_value_dict(tmp_path):
-    folder = write_hpt_wos(tmp_path / 'WebOfScience', train_labels=([0, 2], [1, 9]))
-    with pytest.raises(ValueError, match=re.escape(f"{folder / 'WebOfScience_train.json'}:2: label id 9 is not in "
-                                                   f"{folder / 'value_dict.pt'}")):
-        data.load_hiagm(str(folder))
-
-
-def test_load_hiagm_value_dict_name_not_in_taxonomy(tmp_path):
-    import torch
-    folder = write_hpt_wos(tmp_path / 'WebOfScience')
-    torch.save({0: 'CS', 1: 'Medical', 2: 'Deep learning', 3: 'HIV/AIDS'}, folder / 'value_dict.pt')
-    with pytest.raises(ValueError, match=re.escape(f"{folder / 'value_dict.pt'}: id 2 ('Deep learning') names no "
-                                                   f"label of {folder / 'wos.taxnomy'}")):
-        data.load_hiagm(str(folder))
-
-
-def test_load_hiagm_unreadable_value_dict(tmp_path):
-    folder = write_hpt_wos(tmp_path / 'WebOfScience')
-    (folder / 'value_dict.pt').write_bytes(b'not a torch file')
-    with pytest.raises(ValueError, match=re.escape(f"{folder / 'value_dict.pt'}: not readable by torch.load")):
-        data.load_hiagm(str(folder))
-
-
-@pytest.mark.parametrize('line, message', [
-    ({'token': 'x', 'label': [11]}, 'label 11 is not a string'),
-    ({'token': 'x', 'label': ['GCAT', None]}, 'label null is not a string'),
-    ({'token': ['a', 3], 'label': ['GCAT']}, '`token` must be a string or a list of strings'),
-    ({'token': 5, 'label': ['GCAT']}, '`token` must be a string or a list of strings'),
+@pytest.mark.parametrize('edit, message', [
+    (lambda f: write_lines(f / 'WebOfScience_train.json', ['{"token": "x", "label": [1, 9]}']),
+     "{f}/WebOfScience_train.json:1: label id 9 is not in {f}/value_dict.pt"),
+    (lambda f: torch.save({0: 'CS', 1: 'Medical', 2: 'Deep learning', 3: 'HIV/AIDS'},
+                          f / 'value_dict.pt'),
+     "{f}/value_dict.pt: id 2 ('Deep learning') names no label of {f}/wos.taxnomy"),
+    (lambda f: (f / 'value_dict.pt').write_bytes(b'not a torch file'),
+     '{f}/value_dict.pt: not readable by torch.load'),
 ])
-def test_load_hiagm_wrong_types_name_line(tmp_path, line, message):
-    good = json.dumps({'token': 'x', 'label': ['GCAT']})
-    folder = write_hiagm(tmp_path, train_lines=[good, json.dumps(line)])
-    with pytest.raises(ValueError, match=re.escape(f"{folder / 'toy_train.json'}:2: {message}")):
-        data.load_hiagm(str(folder))
+def test_load_hiagm_value_dict_errors(tmp_path, edit, message):
+    folder = write_hpt_wos(tmp_path / 'WebOfScience')
+    edit(folder)
+    assert error(lambda: data.load_hiagm(str(folder))).startswith(message.format(f=folder))
 
 
-@pytest.mark.parametrize('name, line', [('toy_train.json', 3), ('toy_val.json', 1), ('toy.taxonomy', 2),
-                                        ('label_names.tsv', 2)])
-def test_load_hiagm_not_utf8_names_file_and_line(tmp_path, name, line):
-    folder = write_hiagm(tmp_path)
-    lines = (folder / name).read_bytes().split(b'\n')
-    lines[line - 1] = lines[line - 1][:5] + b'\xe9' + lines[line - 1][5:]  # Latin-1 'é'
-    (folder / name).write_bytes(b'\n'.join(lines))
-    with pytest.raises(ValueError, match=re.escape(f'{folder / name}:{line}: not UTF-8')):
-        data.load_hiagm(str(folder))
+# -----------------------------------------------------------------------------
+# Checkpoints: one folder, model.safetensors replaced whole, no pickle, one line for each damage
+
+PARENTS = {'Sci': None, 'Art': None, 'Sci/physics': 'Sci', 'Art/jazz': 'Art',
+           'Sci/physics/optics': 'Sci/physics'}
+TEXTS = ['light waves bend in glass', 'cells divide and grow', 'the band played a slow tune']
 
 
-def test_load_wos_not_utf8_names_line(tmp_path):
-    path = write_data_txt(tmp_path)
-    lines = (tmp_path / 'Data.txt').read_bytes().split(b'\n')
-    lines[4] += b' caf\xe9'  # line 5
-    (tmp_path / 'Data.txt').write_bytes(b'\r\n'.join(lines))  # Windows line ends count as one
-    with pytest.raises(ValueError, match=re.escape(f'{path}:5: not UTF-8')):
-        data.load_wos(str(tmp_path))
+def tiny(arch='prompt', seed=1):
+    torch.manual_seed(seed)
+    h = lhmix.Hierarchy(PARENTS)
+    mlm, tok = data.tiny_bert(TEXTS + h.names)
+    model = lhmix.build_model(mlm, tok, h, arch, max_length=64)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # not the initial values: a lost tensor shows
+    return model.eval(), tok
 
 
-def test_load_hiagm_empty_taxonomy(tmp_path):
-    folder = write_hiagm(tmp_path)
-    (folder / 'toy.taxonomy').write_text('\n\n', encoding='utf-8')
-    with pytest.raises(ValueError, match=re.escape(f"{folder / 'toy.taxonomy'}: empty")):
-        data.load_hiagm(str(folder))
+@pytest.fixture(scope='module')
+def saved(tmp_path_factory):
+    model, tok = tiny()
+    folder = tmp_path_factory.mktemp('ck') / 'best'
+    data.save_checkpoint(str(folder), model, tok, {'epoch': 7}, {'table': torch.arange(6.)})
+    return folder
 
 
-@pytest.mark.parametrize('name, split', [('toy_train.json', 'train'), ('toy_val.json', 'dev'),
-                                         ('toy_test.json', 'test')])
-def test_load_hiagm_empty_split_refused(tmp_path, name, split):
-    folder = write_hiagm(tmp_path)
-    (folder / name).write_text('\n', encoding='utf-8')
-    with pytest.raises(ValueError, match=re.escape(f'{folder / name}: no documents (the {split} split')):
-        data.load_hiagm(str(folder))
+@pytest.mark.parametrize('arch', ['prompt', 'bert'])
+def test_checkpoint_round_trip_without_pickle(tmp_path, monkeypatch, arch):
+    import pickle
+    model, tok = tiny(arch)
+    tokens, _ = lhmix.tokenize(tok, TEXTS * 3, 50)
+    before = lhmix.score_documents(model, tokens)
+    folder = tmp_path / 'ck'
+    data.save_checkpoint(str(folder), model, tok, {'epoch': 6})
+    config = os.stat(folder / 'config.json')
+    extra = {'step': torch.tensor([5]), 'table': torch.randn(3, 4, dtype=torch.float64)}
+    data.save_checkpoint(str(folder), model, tok, {'epoch': 7, 'dev': {'f1': 0.5}}, extra)
+    assert os.stat(folder / 'config.json').st_ino == config.st_ino  # written once, with the folder
+    assert sorted(os.listdir(folder)) == ['config.json', 'model.safetensors', 'tokenizer.json',
+                                          'tokenizer_config.json']
+    for mod, name in ((torch, 'load'), (pickle, 'load'), (pickle, 'loads')):
+        monkeypatch.setattr(mod, name, lambda *a, **k: pytest.fail('pickle used'))
+    loaded, tok2, meta = data.load_checkpoint(str(folder))
+    assert (meta['epoch'], meta['dev'], meta['arch'], meta['max_length']) == (7, {'f1': 0.5}, arch, 64)
+    assert meta['extra'].keys() == extra.keys()
+    assert all(torch.equal(meta['extra'][k], v) for k, v in extra.items())
+    assert loaded.hierarchy.labels == list(PARENTS) and loaded.prefix == model.prefix
+    assert tok2.convert_ids_to_tokens(tokens[0].tolist()) == TEXTS[0].split()
+    want = model.state_dict()
+    assert loaded.state_dict().keys() == want.keys()
+    assert all(torch.equal(v, want[k]) for k, v in loaded.state_dict().items())
+    emb, dec = loaded.mlm.get_input_embeddings(), loaded.mlm.get_output_embeddings()
+    assert dec.weight is emb.weight  # still tied: training one trains the other
+    after = lhmix.score_documents(loaded, tokens)
+    assert np.array_equal(before, after) and (before > 0).any() and not (before > 0).all()
 
 
-def test_load_wos_header_only(tmp_path):
-    path = write_lines(tmp_path / 'Data.txt', ['\t'.join(WOS_HEADER)])
-    with pytest.raises(ValueError, match=re.escape(f'{path}: no rows after the header')):
-        data.load_wos(str(tmp_path))
+def _truncate(path):
+    with open(path, 'r+b') as f:
+        f.truncate(os.path.getsize(path) // 2)
 
 
-def test_load_wos_too_few_rows_for_a_split(tmp_path):
-    # n = 2: test takes ceil(0.4) = 1, then dev ceil(0.2) = 1 of the remaining 1: train is empty
-    path = write_data_txt(tmp_path, WOS_ROWS[:2])
-    with pytest.raises(ValueError, match=re.escape(f'{path}: 2 rows leave the train split empty')):
-        data.load_wos(str(tmp_path))
+def _garble_header(path):
+    with open(path, 'r+b') as f:
+        f.seek(9)
+        f.write(b'}}}}')
+
+
+def _no_metadata(path):
+    from safetensors.torch import load_file, save_file
+    save_file(load_file(path), path)
+
+
+def _drop_a_weight(path):
+    from safetensors.torch import load_file, safe_open, save_file
+    with safe_open(path, 'pt') as f:
+        meta = f.metadata()
+    tensors = load_file(path)
+    del tensors['label_bias']
+    save_file(tensors, path, meta)
+
+
+def _auto_map(name):
+    def damage(path):
+        config = os.path.join(os.path.dirname(path), name)
+        with open(config) as f:
+            text = json.load(f)
+        with open(config, 'w') as f:
+            json.dump({**text, 'auto_map': {'AutoModelForMaskedLM': 'evil.Model'}}, f)
+    return damage
+
+
+@pytest.mark.parametrize('damage, message', [
+    (_truncate, '{w}: truncated, corrupt or not an LH-Mix checkpoint (SafetensorError: '),
+    (_garble_header, '{w}: truncated, corrupt or not an LH-Mix checkpoint (SafetensorError: '),
+    (_no_metadata, "{w}: truncated, corrupt or not an LH-Mix checkpoint (TypeError: "),
+    (_drop_a_weight, '{c}: could not be loaded (RuntimeError: Error(s) in loading state_dict for '
+     'LHMix: Missing key(s) in state_dict: "label_bias"'),
+    (os.remove, '{c}: not an LH-Mix checkpoint (no model.safetensors)'),
+    (lambda p: os.remove(os.path.join(os.path.dirname(p), 'tokenizer.json')),
+     '{c}: not an LH-Mix checkpoint (no tokenizer.json)'),
+    (_auto_map('config.json'), '{c}/config.json: asks to run custom code (auto_map); refused'),
+    (_auto_map('tokenizer_config.json'),
+     '{c}/tokenizer_config.json: asks to run custom code (auto_map); refused'),
+])
+def test_damaged_checkpoint_one_line(saved, tmp_path, damage, message):
+    folder = tmp_path / 'ck'
+    shutil.copytree(saved, folder)
+    damage(str(folder / data.WEIGHTS))
+    msg = error(lambda: data.load_checkpoint(str(folder)))
+    assert msg.startswith(message.format(c=folder, w=folder / data.WEIGHTS))
+
+
+def test_checkpoint_folder_errors(saved, tmp_path):
+    other = lhmix.Hierarchy({'Sci': None})
+    assert error(lambda: data.load_checkpoint(str(saved), hierarchy=other)) == \
+        f'{saved}: its labels differ from those of the data'
+    assert error(lambda: data.load_checkpoint(str(saved.parent))) == \
+        f'{saved.parent}: a run, not a checkpoint: pass {saved}'
+    assert error(lambda: data.load_checkpoint(str(tmp_path / 'no'))) == \
+        f"{tmp_path / 'no'}: no such checkpoint folder"
+
+
+def test_non_finite_weights_refused_writing_nothing(saved, tmp_path):
+    model, tok = tiny()
+    with torch.no_grad():
+        model.label_bias[3] = float('inf')
+    with pytest.raises(FloatingPointError, match=r'\(label_bias\); .* is not saved'):
+        data.save_checkpoint(str(tmp_path / 'new'), model, tok, {})
+    assert os.listdir(tmp_path) == []
+    folder = shutil.copytree(saved, tmp_path / 'old')
+    before = {f: (folder / f).read_bytes() for f in os.listdir(folder)}
+    with pytest.raises(FloatingPointError):
+        data.save_checkpoint(str(folder), model, tok, {})
+    assert {f: (folder / f).read_bytes() for f in os.listdir(folder)} == before
+
+
+def test_files_get_the_umask_modes(tmp_path):
+    model, tok = tiny()
+    old = os.umask(0o027)
+    try:
+        data.save_checkpoint(str(tmp_path / 'ck'), model, tok, {})
+        data.save_checkpoint(str(tmp_path / 'ck'), model, tok, {})  # the replaced weights too
+        data.write_atomically(str(tmp_path / 'sub' / 'm.json'), '{}\n')
+    finally:
+        os.umask(old)
+    modes = {os.path.relpath(os.path.join(d, f), tmp_path): os.stat(os.path.join(d, f)).st_mode & 0o777
+             for d, dirs, files in os.walk(tmp_path) for f in dirs + files}
+    assert modes == {'ck': 0o750, 'sub': 0o750, 'sub/m.json': 0o640, **{
+        f'ck/{f}': 0o640 for f in ('config.json', 'model.safetensors', 'tokenizer.json',
+                                   'tokenizer_config.json')}}
+
+
+@pytest.mark.parametrize('killed', [False, True])
+def test_kill_during_save_leaves_the_old_checkpoint(saved, tmp_path, monkeypatch, killed):
+    """os.replace raising stands for a kill at the last instant before the switch; `killed` also
+    leaves the temporary files behind, as SIGKILL does."""
+    folder = shutil.copytree(saved, tmp_path / 'ck')
+    model, tok = tiny(seed=2)
+
+    def kill(*a):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(os, 'replace', kill)
+    monkeypatch.setattr(os, 'rename', kill)
+    if killed:
+        monkeypatch.setattr(os, 'remove', lambda p: None)
+        monkeypatch.setattr(shutil, 'rmtree', lambda *a, **k: None)
+    for target in (folder, tmp_path / 'new'):
+        with pytest.raises(KeyboardInterrupt):
+            data.save_checkpoint(str(target), model, tok, {'epoch': 8})
+    monkeypatch.undo()
+    assert data.load_checkpoint(str(folder))[2]['epoch'] == 7
+    assert not (tmp_path / 'new').exists()
+    left = sorted(f for d in (tmp_path, folder) for f in os.listdir(d) if f.endswith('.tmp'))
+    assert len(left) == (2 if killed else 0)
+    data.save_checkpoint(str(folder), model, tok, {'epoch': 8})  # the next save is not in the way
+    data.save_checkpoint(str(tmp_path / 'new'), model, tok, {'epoch': 8})
+    assert [data.load_checkpoint(str(f))[2]['epoch'] for f in (folder, tmp_path / 'new')] == [8, 8]
+
+
+# -----------------------------------------------------------------------------
+# A file that cannot be read (as root: without the capabilities that override permissions)
+
+def test_unreadable_files_one_line(saved, tmp_path):
+    if os.geteuid() == 0 and not shutil.which('setpriv'):
+        pytest.skip('running as root without setpriv: permissions cannot be tested')
+    a, b = write_hiagm(tmp_path / 'a'), write_hiagm(tmp_path / 'b')
+    shutil.copytree(saved, tmp_path / 'ck')
+    mlm, tok = data.tiny_bert(TEXTS)
+    mlm.save_pretrained(tmp_path / 'model')
+    tok.save_pretrained(tmp_path / 'model')
+    cases = [(a / 'toy_train.json', f'data.load_data({str(a)!r})'),
+             (b / 'toy.taxonomy', f'data.load_data({str(b)!r})'),
+             (tmp_path / 'ck' / data.WEIGHTS, f"data.load_checkpoint({str(tmp_path / 'ck')!r})"),
+             (tmp_path / 'model' / data.WEIGHTS, f"data.load_pretrained({str(tmp_path / 'model')!r})")]
+    for path, _ in cases:
+        os.chmod(path, 0)
+    script = 'import data\n' + ''.join(f'try:\n    {call}\nexcept ValueError as e:\n    print(e)\n'
+                                       for _, call in cases)
+    drop = ['setpriv', '--inh-caps=-all', '--bounding-set=-all'] if os.geteuid() == 0 else []
+    out = subprocess.run(drop + [sys.executable, '-c', script], capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.abspath(data.__file__)))
+    assert out.stdout == ''.join(f'{p}: cannot be read (Permission denied)\n' for p, _ in cases), \
+        out.stderr[-2000:]
