@@ -95,7 +95,7 @@ def classify(model, tokenizer, texts):
     out = [{'labels': [], 'paths': [], 'scores': {}, 'truncated': False} for _ in texts]
     for i, s in zip(keep, scores):
         on = set(np.flatnonzero(s > 0).tolist())
-        leaves = [v for v in sorted(on) if not any(h.parent[c] == v for c in on)]
+        leaves = sorted(on - {a for v in on for a in h.path(v)[:-1]})  # no predicted descendant
         out[i] = {'labels': [h.labels[v] for v in sorted(on, key=lambda v: (h.depth[v], v))],
                   'paths': [[h.names[a] for a in h.path(v) if a in on] for v in leaves],
                   'scores': {h.labels[v]: round(float(s[v]), 4) for v in range(len(h))},
@@ -302,6 +302,7 @@ def similar_labels(model, init_model, label, top):
 
 def similar_main(args, device):
     model, _, meta = data.load_checkpoint(args.ckpt, device)
+    find_label(model.hierarchy, args.similar)  # a wrong label is the first thing to say
     path = args.model or meta.get('args', {}).get('model')
     if not path or path == 'tiny':  # 'tiny': a random init, not rebuildable
         raise ValueError(f"{args.ckpt}: the run's pretrained model is unknown ({path}); "
