@@ -29,7 +29,8 @@ def read_lines(path):
         before = e.object[:e.start]  # its lines split as open() splits them (\n, \r\n, \r)
         n = before.replace(b'\r\n', b'\n').replace(b'\r', b'\n').count(b'\n') + 1
         col = e.start - max(before.rfind(b'\n'), before.rfind(b'\r'))
-        raise ValueError(f'{path}:{n}: not UTF-8 text ({e.reason} at byte {col} of the line)') from None
+        raise ValueError(f'{path}:{n}: not UTF-8 text ({e.reason} at byte {col} of the line)'
+                         ) from None
     except OSError as e:
         raise ValueError(f'{path}: cannot be read ({e.strerror})') from None
     lines = text.split('\n')
@@ -51,14 +52,14 @@ WOS_FILE = 'c9ea673d-5542-44c0-ab7b-f1311f7d61df'  # WebOfScience.zip, Mendeley 
 # the public-files form is what code written since 2025 fetches; the old form is what Hugging
 # Face's web_of_science script used in 2021
 WOS_URLS = (f'https://data.mendeley.com/public-files/datasets/9rw3vkcfy4/files/{WOS_FILE}/'
-            'file_downloaded',
-            f'https://data.mendeley.com/datasets/9rw3vkcfy4/6/files/{WOS_FILE}/WebOfScience.zip?dl=1')
+            'file_downloaded', f'https://data.mendeley.com/datasets/9rw3vkcfy4/6/files/{WOS_FILE}/'
+            'WebOfScience.zip?dl=1')
 BROWSER = 'Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0'
 
 
 def clean_str(text):
-    """HPT's clean_str: strip whitespace, then surrounding `"`; split off the contractions 's 've n't
-    're 'd 'll (case-sensitive); collapse runs of whitespace; lower-case. Punctuation and stop
+    """HPT's clean_str: strip whitespace, then surrounding `"`; split off the contractions 's 've
+    n't 're 'd 'll (case-sensitive); collapse runs of whitespace; lower-case. Punctuation and stop
     words stay (HPT commented out HiAGM's removal of both)."""
     s = text.strip().strip('"')
     for c in ("'s", "'ve", "n't", "'re", "'d", "'ll"):
@@ -68,7 +69,7 @@ def clean_str(text):
 
 def wos_split(n):
     """HPT's split: np.random.seed(7) shuffle, then twice sklearn's train_test_split(test_size=0.2,
-    random_state=0), reproduced with numpy (RandomState(0).permutation, test = first ceil(0.2 n))."""
+    random_state=0), in numpy (RandomState(0).permutation, test = its first ceil(0.2 n))."""
     ids = np.arange(n)
     np.random.RandomState(7).shuffle(ids)
 
@@ -153,8 +154,8 @@ def _download_wos(path):
             failed.append(f'{url}: {e}')
     folder = os.path.dirname(path)
     raise ValueError(f'WOS is not in {folder} and could not be downloaded ({"; ".join(failed)}); '
-                     'download WebOfScience.zip from one of these by hand and put it, or Data.txt or '
-                     f'Data.xlsx from its Meta-data/, in {folder} (or pass --data-dir)')
+                     'download WebOfScience.zip from one of these by hand and put it, or Data.txt '
+                     f'or Data.xlsx from its Meta-data/, in {folder} (or pass --data-dir)')
 
 
 def load_wos(folder):
@@ -165,7 +166,8 @@ def load_wos(folder):
     txt, xlsx, archive = (os.path.join(folder, f) for f in
                           ('Data.txt', 'Data.xlsx', 'WebOfScience.zip'))
     if os.path.exists(txt):
-        source, numbered = txt, [(n, line.split('\t')) for n, line in read_lines(txt) if line.strip()]
+        source = txt
+        numbered = [(n, line.split('\t')) for n, line in read_lines(txt) if line.strip()]
     elif os.path.exists(xlsx):
         source, numbered = xlsx, list(enumerate(_xlsx_rows(read_bytes(xlsx)), 1))
     else:
@@ -179,8 +181,8 @@ def load_wos(folder):
         raise ValueError(f'{source}: empty')
     n, header = numbered[0][0], [c.strip() for c in numbered[0][1]]
     if header[:7] != ['Y1', 'Y2', 'Y', 'Domain', 'area', 'keywords', 'Abstract']:
-        raise ValueError(f'{source}:{n}: expected the header Y1 Y2 Y Domain area keywords Abstract, '
-                         f'got {header}')
+        raise ValueError(f'{source}:{n}: expected the header Y1 Y2 Y Domain area keywords '
+                         f'Abstract, got {header}')
     if len(numbered) == 1:
         raise ValueError(f'{source}: no rows after the header')
     for n, r in numbered[1:]:
@@ -202,7 +204,8 @@ def load_wos(folder):
         parents[key[d, a]], names[key[d, a]] = d, a
     h = Hierarchy(parents, names)
     docs = [(clean_str(r[6]), [h.index[d], h.index[key[d, a]]]) for r, (d, a) in zip(rows, pairs)]
-    splits = {s: [docs[i] for i in idx] for s, idx in zip(('train', 'dev', 'test'), wos_split(len(docs)))}
+    splits = {s: [docs[i] for i in idx]
+              for s, idx in zip(('train', 'dev', 'test'), wos_split(len(docs)))}
     for s, part in splits.items():
         if not part:
             raise ValueError(f'{source}: {len(docs)} rows leave the {s} split empty '
@@ -304,7 +307,8 @@ def _hiagm_doc(where, line, parents, taxonomy, value_dict, ids_file):
     if text is None or not isinstance(labels, list):
         raise ValueError(f'{where}: expected an object with `token` (or `doc_token`) and a list '
                          '`label` (or `doc_label`)')
-    if not (isinstance(text, str) or isinstance(text, list) and all(isinstance(w, str) for w in text)):
+    if not isinstance(text, str) and not (isinstance(text, list)
+                                          and all(isinstance(w, str) for w in text)):
         raise ValueError(f'{where}: `token` must be a string or a list of strings, '
                          f'found {json.dumps(text)[:80]}')
     for v in labels:
@@ -329,8 +333,10 @@ def _load_value_dict(path):
     except Exception as e:  # torch raises many kinds for a file that is not its own
         why = str(e).splitlines()[0] if str(e) else repr(e)
         raise ValueError(f'{path}: not readable by torch.load ({why})') from None
-    if not isinstance(d, dict) or not all(type(k) is int and isinstance(v, str) for k, v in d.items()):
-        raise ValueError(f'{path}: expected a dict of label id (int) -> name (str), as HPT writes it')
+    if not isinstance(d, dict) or not all(type(k) is int and isinstance(v, str)
+                                          for k, v in d.items()):
+        raise ValueError(f'{path}: expected a dict of label id (int) -> name (str), as HPT '
+                         'writes it')
     return d
 
 
@@ -402,7 +408,8 @@ def load_demo(seed=0, sizes=(1200, 300, 300)):
                 else background[rng.integers(60)] for _ in range(n)]
         return ' '.join(text), labels
 
-    return hierarchy, {s: [doc() for _ in range(n)] for s, n in zip(('train', 'dev', 'test'), sizes)}
+    return hierarchy, {s: [doc() for _ in range(n)]
+                       for s, n in zip(('train', 'dev', 'test'), sizes)}
 
 
 def load_data(name, data_dir=None):
@@ -429,7 +436,8 @@ def tiny_bert(texts, max_words=8000):
     """A 2-layer, 128-wide BERT with a word-level vocabulary written on the fly (no download)."""
     from transformers import AutoModelForMaskedLM, BertConfig, BertTokenizerFast
     counts = Counter(w for t in texts for w in re.findall(r"\w+|[^\w\s]", t.lower()))
-    vocab = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] + [w for w, _ in counts.most_common(max_words)]
+    vocab = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] + [
+        w for w, _ in counts.most_common(max_words)]
     folder = tempfile.mkdtemp(prefix='lhmix-tiny-')
     with open(os.path.join(folder, 'vocab.txt'), 'w', encoding='utf-8') as f:
         f.write('\n'.join(vocab) + '\n')
@@ -455,20 +463,23 @@ def load_pretrained(name):
         name, files = path, os.listdir(path)
         _missing(path, [f for f in files if os.path.isfile(os.path.join(path, f))])  # readable?
         refuse_remote_code(path)
-        if 'config.json' not in files or not any(f.endswith(('.safetensors', '.bin')) for f in files):
+        if 'config.json' not in files or not any(f.endswith(('.safetensors', '.bin'))
+                                                 for f in files):
             raise ValueError(f'{path}: no model files (config.json and *.safetensors or *.bin) '
                              'in this folder')
         if not {'tokenizer.json', 'vocab.txt', 'vocab.json'} & set(files):
-            raise ValueError(f'{path}: no tokenizer files (tokenizer.json, vocab.txt or vocab.json) '
-                             'in this folder')
+            raise ValueError(f'{path}: no tokenizer files (tokenizer.json, vocab.txt or '
+                             'vocab.json) in this folder')
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
         mlm = AutoModelForMaskedLM.from_pretrained(name, trust_remote_code=False)
     except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:
         hint = '' if local else (' (not a local folder; without internet, pass a local folder or '
                                  '--model tiny)')
-        raise ValueError(f'could not load model {name!r}{hint}: {" ".join(str(e).split())}') from None
-    return mlm.float(), tokenizer  # fp32 master weights even from fp16 files; autocast does the rest
+        why = ' '.join(str(e).split())  # one line
+        raise ValueError(f'could not load model {name!r}{hint}: {why}') from None
+    # fp32 master weights, even from fp16 files; autocast does the rest
+    return mlm.float(), tokenizer
 
 
 # -----------------------------------------------------------------------------
@@ -558,7 +569,7 @@ def save_checkpoint(folder, model, tokenizer, info, extra=None):
 def refuse_remote_code(folder):
     """A config.json or tokenizer_config.json with `auto_map` asks transformers to run Python files
     from the folder: refused, whatever trust_remote_code says and without asking."""
-    for path in (os.path.join(folder, 'config.json'), os.path.join(folder, 'tokenizer_config.json')):
+    for path in (os.path.join(folder, name) for name in ('config.json', 'tokenizer_config.json')):
         try:
             with open(path, encoding='utf-8') as f:
                 config = json.load(f)
@@ -577,7 +588,7 @@ def _missing(folder, names):
         except FileNotFoundError:
             missing.append(name)
         except OSError as e:
-            raise ValueError(f'{os.path.join(folder, name)}: cannot be read ({e.strerror})') from None
+            raise ValueError(f'{e.filename}: cannot be read ({e.strerror})') from None
     return missing
 
 
@@ -597,11 +608,13 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
     path = os.path.join(folder, WEIGHTS)
     try:
         with safe_open(path, 'pt') as f:
-            meta, tensors = json.loads(f.metadata()['lhmix']), {k: f.get_tensor(k) for k in f.keys()}
+            meta = json.loads(f.metadata()['lhmix'])
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
         h = meta['hierarchy']
     except (SafetensorError, ValueError, KeyError, TypeError) as e:
         why = ' '.join(f'{type(e).__name__}: {e}'.split())  # one line
-        raise ValueError(f'{path}: truncated, corrupt or not an LH-Mix checkpoint ({why})') from None
+        raise ValueError(f'{path}: truncated, corrupt or not an LH-Mix checkpoint ({why})'
+                         ) from None
     if hierarchy is not None and h['labels'] != hierarchy.labels:
         raise ValueError(f'{folder}: its labels differ from those of the data')
     meta['extra'] = {k[6:]: tensors.pop(k).to(device) for k in list(tensors) if k[:6] == 'extra.'}
