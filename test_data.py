@@ -4,7 +4,6 @@ it. Nothing reaches the network: files are written to tmp_path, the download is 
 import io
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
