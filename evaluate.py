@@ -139,18 +139,15 @@ def read_predictions(path, hierarchy, n):
     return pred
 
 
-OUTPUT_KEYS = {'--out': {'micro_f1', 'macro_f1'}, '--save-predictions': {'labels'}}
-
-
-def _earlier_output(path, keys):
-    """Whether every JSON line (or the one JSON document) of `path` is an object with `keys`."""
+def _earlier_output(path, flag):
+    """Whether `path` holds what `flag` writes: a JSON object with micro_f1 and macro_f1 (--out),
+    or lines of {"labels": ...} (--save-predictions)."""
     try:
         with open(path, encoding='utf-8') as f:
-            text = f.read()
-        rows = [json.loads(x) for x in text.splitlines() if x.strip()] if 'labels' in keys else [
-            json.loads(text)]
+            rows = [json.load(f)] if flag == '--out' else [json.loads(x) for x in f if x.strip()]
     except (OSError, ValueError):  # unreadable, not UTF-8 or not JSON: not ours
         return False
+    keys = {'micro_f1', 'macro_f1'} if flag == '--out' else {'labels'}
     return all(isinstance(r, dict) and keys <= r.keys() for r in rows)
 
 
@@ -163,7 +160,7 @@ def output_problem(path, flag, ckpt=None):
         return f'is inside the checkpoint folder {ckpt} being read'
     if os.path.isdir(path):
         return 'is a folder, not a file'
-    if os.path.exists(path) and not _earlier_output(path, OUTPUT_KEYS[flag]):
+    if os.path.exists(path) and not _earlier_output(path, flag):
         return f'exists and is not an earlier {flag} file (remove it or choose another name)'
     above = os.path.dirname(real)
     while not os.path.exists(above):
@@ -188,7 +185,8 @@ def score_main(args, device):
     r = report(pred, [ls for _, ls in docs], hierarchy, [ls for _, ls in splits['train']])
     print(f"{args.split}: micro-F1 {100 * r['micro_f1']:.2f}  macro-F1 {100 * r['macro_f1']:.2f}")
     for d, f in r['per_depth'].items():
-        print(f"  depth {d}: micro-F1 {100 * f['micro_f1']:.2f}  macro-F1 {100 * f['macro_f1']:.2f}")
+        print(f"  depth {d}: micro-F1 {100 * f['micro_f1']:.2f}  "
+              f"macro-F1 {100 * f['macro_f1']:.2f}")
     for f in r['by_frequency']:
         print(f"  label-frequency quartile {f['quartile']} ({f['train_docs_min']}-"
               f"{f['train_docs_max']} train docs): macro-F1 {100 * f['macro_f1']:.2f}")
@@ -266,7 +264,8 @@ def find_label(hierarchy, label):
     hits = [v for v, name in enumerate(hierarchy.names) if name.lower() == label.lower()]
     if len(hits) != 1:
         raise ValueError(f"label {label!r} is not in the checkpoint's hierarchy" if not hits else
-                         f'label name {label!r} is ambiguous: {[hierarchy.labels[v] for v in hits]}')
+                         f'label name {label!r} is ambiguous: '
+                         + ', '.join(hierarchy.labels[v] for v in hits))
     return hits[0]
 
 
