@@ -1,5 +1,4 @@
 """Tests of evaluate.py, by behaviour; expected values worked by hand or computed independently."""
-import hashlib
 import json
 import math
 import os
@@ -18,27 +17,8 @@ import evaluate  # noqa: E402
 import lhmix  # noqa: E402
 import train  # noqa: E402
 from test_lhmix import PARENTS, TEXTS, tiny_model  # noqa: E402
+from test_train import FAST, error_of, tree_state  # noqa: E402
 
-FAST = ['--data', 'demo', '--model', 'tiny', '--device', 'cpu', '--train-fraction', '0.01',
-        '--batch', '8', '--warmup-epochs', '0']
-
-
-def tree_state(path):  # each file and folder under `path`, with its bytes' hash
-    if not os.path.lexists(path):
-        return None
-    if not os.path.isdir(path):
-        with open(path, 'rb') as f:
-            return hashlib.sha256(f.read()).hexdigest()
-    return {os.path.relpath(os.path.join(root, n), path): tree_state(os.path.join(root, n))
-            for root, dirs, files in os.walk(path) for n in files + dirs}
-
-
-def error_of(call):  # the message of a sys.exit('error: ...'), checked to be one line
-    with pytest.raises(SystemExit) as e:
-        call()
-    msg = e.value.code
-    assert isinstance(msg, str) and msg.startswith('error: ') and '\n' not in msg, msg
-    return msg
 
 
 @pytest.fixture(scope='module')
