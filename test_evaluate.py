@@ -20,7 +20,6 @@ from test_lhmix import PARENTS, TEXTS, tiny_model  # noqa: E402
 from test_train import FAST, error_of, tree_state  # noqa: E402
 
 
-
 @pytest.fixture(scope='module')
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp('evaluate') / 'run'
