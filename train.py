@@ -268,7 +268,8 @@ def train(args, given):
     history, extra = [], {}  # the epochs' metrics lines, last/'s extras
     if args.resume:
         history, extra, saved = meta['history'], meta['extra'], meta['data']
-        changed = [k for k in ('labels', 'train') if saved[k] != info['data'][k]]
+        what = {'labels': 'labels', 'train': 'training documents or their labels'}
+        changed = [what[k] for k in what if saved[k] != info['data'][k]]
         if changed:
             raise ValueError(f'--resume: the {" and ".join(changed)} of --data {args.data} differ '
                              f"from the run's ({saved['n']} training documents then, {len(docs)} "
@@ -395,7 +396,7 @@ def main(argv=None):
     except torch.OutOfMemoryError:
         sys.exit(f'error: out of GPU memory at --batch {args.batch}; try a smaller --batch')
     except OSError as e:  # disk full, permissions: the file and the reason
-        sys.exit(f'error: {e.filename}: {e.strerror}' if e.filename else f'error: {e}')
+        sys.exit(f'error: {e.filename or args.out}: {e.strerror or e}')
     except (ValueError, FloatingPointError) as e:
         sys.exit(f'error: {e}')
 

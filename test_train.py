@@ -1,0 +1,530 @@
+"""Tests of train.py: demo runs end to end, flag and --out errors, --overwrite and --resume,
+interruptions (Ctrl-C, out of memory, disk full, a kill at any instant), CUDA graphs, the README.
+
+Expected values are computed here (F1 counted by hand) or are an uninterrupted run's. Nothing is
+downloaded: the model is the `tiny` BERT, the data the synthetic demo set or files in tmp_path.
+"""
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+
+os.environ['HF_HUB_OFFLINE'] = '1'  # never reach the hub, whatever a test does
+os.environ['TRANSFORMERS_OFFLINE'] = '1'
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import data  # noqa: E402
+import evaluate  # noqa: E402
+import lhmix  # noqa: E402
+import train  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAST = ['--data', 'demo', '--model', 'tiny', '--device', 'cpu', '--train-fraction', '0.01',
+        '--batch', '8', '--warmup-epochs', '0']  # 12 training documents, Mixup from epoch 0
+TIMING = ('seconds', 'samples_per_s')
+
+
+def tree_state(path):
+    """Everything under `path`: names, modes, file contents' hashes, link targets (None if absent),
+    to check that a refused command left it exactly as it was."""
+    path = str(path)
+    if not os.path.lexists(path):
+        return None
+    if not os.path.isdir(path) or os.path.islink(path):
+        return ('link', os.readlink(path)) if os.path.islink(path) else _file(path)
+    out = {}
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            p = os.path.join(root, name)
+            out[os.path.relpath(p, path)] = (('link', os.readlink(p)) if os.path.islink(p) else
+                                             ('dir', os.lstat(p).st_mode) if os.path.isdir(p)
+                                             else _file(p))
+    return out
+
+
+def _file(p):
+    with open(p, 'rb') as f:
+        return 'file', os.lstat(p).st_mode, hashlib.sha256(f.read()).hexdigest()
+
+
+def error_of(call):
+    """The message of a `sys.exit('error: ...')`, checked to be one line."""
+    with pytest.raises(SystemExit) as e:
+        call()
+    msg = e.value.code
+    assert isinstance(msg, str) and msg.startswith('error: ') and '\n' not in msg, msg
+    return msg
+
+
+def read_metrics(out):
+    with open(os.path.join(out, 'metrics.jsonl')) as f:
+        return [json.loads(line) for line in f]
+
+
+def results(out):
+    """A run's metrics lines without timings, and its test figures."""
+    with open(os.path.join(out, 'test_metrics.json')) as f:
+        test = json.load(f)
+    return [{k: v for k, v in m.items() if k not in TIMING} for m in read_metrics(out)], \
+        {k: v for k, v in test.items() if k != 'checkpoint'}
+
+
+def resume(out, *extra):
+    train.main(['--data', 'demo', '--device', 'cpu', '--out', str(out), '--resume', *extra])
+
+
+# -----------------------------------------------------------------------------
+# End to end on the demo set
+
+
+@pytest.fixture(scope='module')
+def demo_run(tmp_path_factory):
+    """One epoch, then --resume up to two; and two epochs in one go."""
+    root = tmp_path_factory.mktemp('e2e')
+    argv = FAST + ['--warmup-epochs', '1']
+    train.main(argv + ['--epochs', '1', '--out', str(root / 'run')])
+    first = read_metrics(root / 'run')
+    resume(root / 'run', '--epochs', '2')
+    train.main(argv + ['--epochs', '2', '--out', str(root / 'straight')])
+    return root / 'run', first, root / 'straight'
+
+
+def test_metrics_and_resume_equal_to_an_uninterrupted_run(demo_run):
+    out, first, straight = demo_run
+    metrics = read_metrics(out)
+    assert [m['epoch'] for m in metrics] == [0, 1] and metrics[:1] == first
+    assert [m['mix'] for m in metrics] == [False, True]  # one warm-up epoch
+    assert all(set(m) == {'epoch', 'mix', 'train_loss', 'dev_micro_f1', 'dev_macro_f1', *TIMING}
+               | ({'lambda'} if m['mix'] else set()) for m in metrics)
+    lam = metrics[1]['lambda']['quantiles']
+    assert 0.5 <= lam['0'] <= lam['50'] <= lam['100'] <= 0.75  # Eq. 4 with beta 0.75
+    _, test = results(out)
+    best = max(m['dev_macro_f1'] for m in metrics)
+    assert metrics[test['best_epoch']]['dev_macro_f1'] == best
+    _, _, meta = data.load_checkpoint(str(out / 'last'))
+    assert {'table', 'rows'} <= set(meta['extra']) and len(meta['history']) == 2
+    assert any(k.startswith('adam.') for k in meta['extra'])
+    assert results(out) == results(straight)  # per-epoch random streams
+
+
+def test_evaluate_reproduces_test_metrics(demo_run, tmp_path):
+    out = demo_run[0]
+    evaluate.main(['--ckpt', str(out / 'best'), '--data', 'demo', '--device', 'cpu',
+                   '--out', str(tmp_path / 'e.json'), '--save-predictions', str(tmp_path / 'p.jsonl')])
+    _, test = results(out)
+    with open(tmp_path / 'e.json') as f:
+        ev = json.load(f)
+    assert all(ev[k] == test[k] for k in ('micro_f1', 'macro_f1', 'per_depth', 'by_frequency'))
+    h, splits = data.load_demo()
+    with open(tmp_path / 'p.jsonl') as f:
+        pred = [[h.index[v] for v in json.loads(line)['labels']] for line in f]
+    f1 = evaluate.f1_scores(pred, [ls for _, ls in splits['test']], len(h))
+    assert (f1['micro_f1'], f1['macro_f1']) == pytest.approx((test['micro_f1'], test['macro_f1']))
+
+
+@pytest.mark.parametrize('arch, mix', [('bert', 'lhmix'), ('prompt', 'none'), ('prompt', 'mixup')])
+def test_one_epoch_variants_and_dev_f1_by_hand(tmp_path, arch, mix):
+    out = tmp_path / 'run'
+    train.main(FAST + ['--epochs', '1', '--arch', arch, '--mix', mix, '--out', str(out)])
+    line, = read_metrics(out)
+    assert line['mix'] == (mix != 'none') and ('lambda' in line) == line['mix']
+    model, tok, meta = data.load_checkpoint(str(out / 'best'))
+    assert meta['arch'] == arch and len(model.prefix) == (1 if arch == 'bert' else 2 * 3 + 2)
+    _, splits = data.load_demo()
+    tokens, _ = lhmix.tokenize(tok, [t for t, _ in splits['dev']], model.text_budget(128))
+    pred = lhmix.score_documents(model, tokens) > 0
+    # per label tp, fp, fn; F1 = 2 tp / (2 tp + fp + fn), 0 without tp; macro over ALL labels
+    counts = np.zeros((len(model.hierarchy), 3))
+    for n, (_, gold) in enumerate(splits['dev']):
+        for v in range(len(model.hierarchy)):
+            counts[v] += [pred[n, v] and v in gold, pred[n, v] and v not in gold,
+                          not pred[n, v] and v in gold]
+    f1 = [2 * tp / (2 * tp + fp + fn) if tp else 0.0 for tp, fp, fn in counts]
+    tp, fp, fn = counts.sum(0)
+    assert line['dev_micro_f1'] == pytest.approx(2 * tp / (2 * tp + fp + fn))
+    assert line['dev_macro_f1'] == pytest.approx(sum(f1) / len(f1))
+
+
+# -----------------------------------------------------------------------------
+# Bad flags and bad data: one error line, nothing written
+
+
+@pytest.mark.parametrize('flags, message', [
+    (['--alpha', '0'], '--alpha must be a finite number > 0, got 0.0'),
+    (['--beta', '0.5'], '--beta must be in (0.5, 1], got 0.5'),
+    (['--beta', '1.2'], '--beta must be in (0.5, 1], got 1.2'),
+    (['--lr', 'nan'], '--lr must be a finite number > 0, got nan'),
+    (['--lr', 'inf'], '--lr must be a finite number > 0, got inf'),
+    (['--mix-alpha', '-1'], '--mix-alpha must be a finite number > 0, got -1.0'),
+    (['--train-fraction', '0'], '--train-fraction must be in (0, 1], got 0.0'),
+    (['--epochs', '0'], '--epochs must be >= 1, got 0'),
+    (['--early-stop', '0'], '--early-stop must be >= 1, got 0'),
+    (['--batch', '0'], '--batch must be >= 1, got 0'),
+    (['--resume', '--overwrite'], '--resume and --overwrite exclude each other'),
+    (['--device', 'foo'], '--device foo: unknown device'),
+    (['--device', 'mps'], '--device mps: only cpu and cuda are supported'),
+] + ([] if torch.cuda.is_available() else [(['--device', 'cuda'], '--device cuda: no CUDA GPU')]))
+def test_flag_errors(tmp_path, capsys, flags, message):
+    with pytest.raises(SystemExit) as e:
+        train.main(['--data', 'demo', '--out', str(tmp_path / 'out'), *flags])
+    assert e.value.code == 2 and f'error: {message}' in capsys.readouterr().err  # argparse's
+    assert os.listdir(tmp_path) == []
+
+
+def test_bad_data_and_model_fail_before_writing(tmp_path):
+    from test_data import write_hiagm
+    good = json.dumps({'token': 'x', 'label': ['GCAT']})
+    folder = write_hiagm(tmp_path / 'data', val_lines=[good, good, 'not json'])
+    msg = error_of(lambda: train.main(['--data', str(folder), '--model', 'tiny', '--device', 'cpu',
+                                       '--out', str(tmp_path / 'out')]))
+    assert f"{folder / 'toy_val.json'}:3: malformed JSON" in msg
+    msg = error_of(lambda: train.main(FAST + ['--model', str(tmp_path / 'nope'),
+                                              '--out', str(tmp_path / 'out')]))
+    assert str(tmp_path / 'nope') in msg and 'no such folder' in msg
+    msg = error_of(lambda: train.main(FAST + ['--max-length', '5', '--out', str(tmp_path / 'out')]))
+    assert msg == 'error: --max-length 5 leaves -4 text tokens for this model (at most 512 positions)'
+    assert sorted(os.listdir(tmp_path)) == ['data']
+
+
+# -----------------------------------------------------------------------------
+# --out, --overwrite, --resume: only a run is ever replaced or continued
+
+
+@pytest.fixture(scope='module')
+def base_run(tmp_path_factory):
+    """--epochs 2, interrupted (Ctrl-C) in epoch 1: last/ holds epoch 0, whose dev macro-F1 is
+    logged as -0.5 (below any real one: epoch 1 surely saves best/ again); and the same run
+    resumed to its end without a break, the reference for the interruptions below."""
+    root = tmp_path_factory.mktemp('base')
+    with pytest.MonkeyPatch.context() as mp:
+        f1, one_epoch = evaluate.f1_scores, train.train_epoch
+        mp.setattr(evaluate, 'f1_scores', lambda *a, **k: {**f1(*a, **k), 'macro_f1': -0.5})
+
+        def interrupt(*a):
+            if a[6] == 1:  # the epoch
+                raise KeyboardInterrupt
+            return one_epoch(*a)
+        mp.setattr(train, 'train_epoch', interrupt)
+        with pytest.raises(SystemExit) as e:
+            train.main(FAST + ['--epochs', '2', '--out', str(root / 'run')])
+    assert e.value.code == 'interrupted: resume with --resume'
+    shutil.copytree(root / 'run', root / 'done')
+    resume(root / 'done')  # the run's own --epochs 2
+    return root / 'run', root / 'done'
+
+
+def copy_run(run, to):
+    shutil.copytree(run, to, symlinks=True)
+    return to
+
+
+def test_resume_keeps_the_runs_epochs_and_arguments_and_says_so(base_run, tmp_path, capsys):
+    run, done = base_run
+    assert [m['epoch'] for m in read_metrics(done)] == [0, 1]
+    out = copy_run(run, tmp_path / 'run')
+    train.main(['--data', 'demo', '--model', 'bert-base-uncased', '--lr', '0.5', '--device', 'cpu',
+                '--data-dir', str(tmp_path), '--out', str(out), '--resume'])
+    err = capsys.readouterr().err
+    assert '--resume: the run keeps its saved --model tiny (not bert-base-uncased)' in err
+    assert '--resume: the run keeps its saved --lr 0.001 (not 0.5)' in err
+    assert f'--resume: the run keeps its saved --data-dir None (not {tmp_path})' in err
+    assert results(out) == results(done)
+    before = tree_state(out)  # a finished run resumed: said, nothing changed
+    resume(out)
+    assert f'--resume: {out} is finished (2 epochs); nothing to do' in capsys.readouterr().err
+    assert tree_state(out) == before
+
+
+def make_out(kind, tmp_path, run):
+    out = tmp_path / 'out'
+    if kind == 'notes':
+        out.mkdir()
+        (out / 'notes.txt').write_text('mine')
+    elif kind in ('file', 'under a file'):
+        out.write_text('mine')
+    elif kind == 'run':
+        copy_run(run, out)
+    elif kind == 'link':
+        out.symlink_to(copy_run(run, tmp_path / 'real'))
+    return out / 'x' if kind == 'under a file' else out
+
+
+@pytest.mark.parametrize('kind, flags, message', [
+    ('notes', [], '--out {out}: not a train.py run (it holds notes.txt...); choose another --out'),
+    ('notes', ['--overwrite'], '--out {out}: not a train.py run (it holds notes.txt...)'),
+    ('notes', ['--resume'], '--out {out}: not a train.py run (it holds notes.txt...)'),
+    ('file', ['--overwrite'], '--out {out}: is a file, not a folder'),
+    ('under a file', [], '--out {out}: {tmp}/out is a file, not a folder'),
+    ('nothing', ['--resume'], '--resume: {out} holds no run to continue; start one without'),
+    ('run', [], '--out {out}: holds an earlier run; continue it with --resume, replace it with '
+     '--overwrite, or choose another --out'),
+    ('link', ['--overwrite'], '--out {out}: a symbolic link; --overwrite replaces only a real'),
+])
+def test_out_refused_before_computing_anything(base_run, tmp_path, monkeypatch, kind, flags,
+                                               message):
+    out = make_out(kind, tmp_path, base_run[1])
+    before = tree_state(tmp_path)
+    monkeypatch.setattr(data, 'load_data', lambda *a, **k: pytest.fail('computed before checking'))
+    msg = error_of(lambda: train.main(FAST + ['--out', str(out), *flags]))
+    assert msg.startswith('error: ' + message.format(out=out, tmp=tmp_path)), msg
+    assert tree_state(tmp_path) == before
+
+
+def test_a_non_run_folder_is_refused_even_the_repository(tmp_path):
+    before = tree_state(os.path.join(HERE, '.git', 'HEAD'))
+    msg = error_of(lambda: train.main(FAST + ['--out', HERE, '--overwrite']))
+    assert msg.startswith(f'error: --out {HERE}: not a train.py run (it holds ')
+    assert tree_state(os.path.join(HERE, '.git', 'HEAD')) == before
+
+
+def test_overwrite_replaces_a_run_only_once_the_new_one_has_an_epoch(base_run, tmp_path, monkeypatch):
+    out = copy_run(base_run[1], tmp_path / 'run')
+    before = tree_state(out)
+    loss = lhmix.training_loss
+    with monkeypatch.context() as mp:  # the new run fails in its first epoch: the old one stays
+        mp.setattr(lhmix, 'training_loss', lambda *a, **k: loss(*a, **k) * float('nan'))
+        msg = error_of(lambda: train.main(FAST + ['--epochs', '1', '--out', str(out), '--overwrite']))
+    assert 'the training loss became nan in epoch 0' in msg and 'not saved' in msg
+    assert tree_state(out) == before and os.listdir(tmp_path) == ['run']
+    train.main(FAST + ['--epochs', '1', '--out', str(out), '--overwrite', '--mix', 'none'])
+    assert sorted(os.listdir(tmp_path)) == ['run'] and sorted(os.listdir(out)) == sorted(train.RUN)
+    assert [m['mix'] for m in read_metrics(out)] == [False]
+
+
+def test_resume_refuses_changed_training_data(base_run, tmp_path, monkeypatch):
+    out = copy_run(base_run[0], tmp_path / 'run')
+    before, load = tree_state(out), data.load_data
+
+    def one_document_less(*a, **k):
+        h, splits = load(*a, **k)
+        return h, {**splits, 'train': splits['train'][:-1]}
+    monkeypatch.setattr(data, 'load_data', one_document_less)
+    msg = error_of(lambda: resume(out))
+    assert msg == ("error: --resume: the training documents or their labels of --data demo differ "
+                   "from the run's (12 training documents then, 12 now); start a new run")
+    assert tree_state(out) == before
+
+
+@pytest.mark.parametrize('name, damage, message', [
+    ('model.safetensors', lambda p: p.write_bytes(p.read_bytes()[:1000]), 'truncated, corrupt'),
+    ('tokenizer.json', os.remove, 'not an LH-Mix checkpoint (no tokenizer.json)')])
+def test_resume_refuses_a_damaged_checkpoint(base_run, tmp_path, name, damage, message):
+    out = copy_run(base_run[0], tmp_path / 'run')
+    damage(out / 'last' / name)
+    before = tree_state(out)
+    assert message in error_of(lambda: resume(out))
+    assert tree_state(out) == before
+
+
+# -----------------------------------------------------------------------------
+# Interruptions and failures: one line, nothing half-written, --resume gives the same result
+
+
+def _raise_in_a_batch(exc):
+    def setup(mp):
+        mp.setattr(lhmix, 'make_batch', lambda *a, **k: (_ for _ in ()).throw(exc))
+    return setup
+
+
+def _nan_weights(mp):  # a finite loss, but the epoch ends with NaN weights
+    one_epoch = train.train_epoch
+
+    def poisoned(model, *a, **k):
+        out = one_epoch(model, *a, **k)
+        with torch.no_grad():
+            next(model.parameters()).view(-1)[0] = float('nan')
+        return out
+    mp.setattr(train, 'train_epoch', poisoned)
+
+
+def _disk_full(mp):
+    real = open
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            self.f.close()
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def write(self, b):
+            raise OSError(errno.ENOSPC, 'No space left on device')
+
+    mp.setattr('builtins.open', lambda p, mode='r', *a, **k: Full(real(p, mode, *a, **k))
+               if 'w' in mode else real(p, mode, *a, **k))
+
+
+@pytest.mark.parametrize('setup, fresh, resumed', [
+    (_raise_in_a_batch(KeyboardInterrupt()),
+     'interrupted before the first epoch was saved: {out} unchanged',
+     'interrupted: resume with --resume'),
+    (_raise_in_a_batch(torch.OutOfMemoryError('CUDA out of memory')),
+     'error: out of GPU memory at --batch 8; try a smaller --batch', None),
+    (_nan_weights, 'error: the weights became infinite or NaN in epoch 0 (try a lower --lr); this '
+     'epoch is not saved', None),
+    (_disk_full, 'error: {out}: No space left on device', None)])
+def test_failure_leaves_every_file_as_it_was(base_run, tmp_path, monkeypatch, setup, fresh, resumed):
+    out = copy_run(base_run[0], tmp_path / 'run')
+    before = tree_state(tmp_path)
+    with monkeypatch.context() as mp:
+        setup(mp)
+        for argv, message in [(FAST + ['--out', str(tmp_path / 'new')], fresh),
+                              (['--overwrite', '--out', str(out), *FAST], fresh),
+                              (['--data', 'demo', '--out', str(out), '--resume'], resumed or fresh)]:
+            with pytest.raises(SystemExit) as e:
+                train.main(argv)
+            assert e.value.code == message.format(out=argv[argv.index('--out') + 1]).replace(
+                'epoch 0', 'epoch 1' if '--resume' in argv else 'epoch 0')
+            assert tree_state(tmp_path) == before
+    if resumed or setup is _disk_full:  # and --resume then gives the uninterrupted result
+        resume(out)
+        assert results(out) == results(base_run[1])
+
+
+KILL = os.path.join(HERE, 'train.py')
+WRAPPER = """import os, signal, sys
+sys.path.insert(0, {here!r})
+calls, replace, rename = [0], os.replace, os.rename
+def kill_at(real):
+    def call(*a, **k):  # SIGKILL instead of the Nth rename: the files as they are at that instant
+        calls[0] += 1
+        if calls[0] == int(os.environ['KILL_AT']):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(*a, **k)
+    return call
+os.replace, os.rename = kill_at(replace), kill_at(rename)
+import train
+train.main(sys.argv[1:])
+"""
+
+
+def test_a_kill_at_any_rename_leaves_loadable_checkpoints_and_resume_finishes(base_run, tmp_path):
+    """--resume killed before its 2nd and 4th rename (best/ replaced, metrics.jsonl and last/ not;
+    all but the test figures); --overwrite of a run killed before its 3rd and 7th (inside the new
+    run's first epoch; between setting the old run aside and putting the new one in place)."""
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'HF_HUB_OFFLINE': '1'}
+    cases, procs = [('resume', 2), ('resume', 4), ('overwrite', 3), ('overwrite', 7)], []
+    for how, n in cases:
+        out = copy_run(base_run[0], tmp_path / f'{how}{n}' / 'run')
+        argv = ['--data', 'demo', '--device', 'cpu', '--out', str(out), '--resume'] if how == \
+            'resume' else FAST + ['--epochs', '2', '--out', str(out), '--overwrite']
+        procs.append(subprocess.Popen([sys.executable, '-c', WRAPPER.format(here=HERE), *argv],
+                                      env={**env, 'KILL_AT': str(n)}, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE, cwd=tmp_path))
+        if len(procs) % 2 == 0 or len(procs) == len(cases):  # two at a time
+            [p.wait(timeout=300) for p in procs[-2:]]
+    for (how, n), p in zip(cases, procs):
+        out = tmp_path / f'{how}{n}' / 'run'
+        assert p.returncode == -signal.SIGKILL, p.stderr.read().decode()
+        if how == 'overwrite' and n == 7:  # both runs whole: the old one aside, the new beside it
+            old, = out.parent.glob('run.old-*')
+            new, = out.parent.glob('run.new-*')
+            assert tree_state(old) == tree_state(base_run[0]) and not out.exists()
+            data.load_checkpoint(str(new / 'last'))
+            continue
+        if how == 'overwrite':
+            assert tree_state(out) == tree_state(base_run[0])
+        for name in ('best', 'last'):
+            data.load_checkpoint(str(out / name))
+        resume(out)
+        assert results(out) == results(base_run[1])
+        assert {n for n in os.listdir(out) if not n.endswith('.tmp')} == set(train.RUN)
+
+
+# -----------------------------------------------------------------------------
+# CUDA graphs: steps replayed from graphs give the eager numbers
+
+
+def test_cuda_graphs_unavailable_on_cpu():
+    assert train.cuda_graphs_unavailable(torch.device('cpu')) == 'not a CUDA device'
+
+
+def _run_steps(model, docs, labels, table, rows, device, mix, graphs, steps=10):
+    """train.py's step over two epochs' batches, LH-Mix's lambda from the table on the device."""
+    rng = np.random.default_rng(1)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True, capturable=graphs)
+    step = train.make_step(model, opt, graphs, table, 1.0, 0.75)
+    model.train()
+    losses = []
+    for idx, partner in (lhmix.train_batches([len(d) for d in docs], 8, rng, mix) * 2)[:steps]:
+        b = lhmix.make_batch(model, [docs[i] for i in idx], [labels[i] for i in idx], 8, rng, 0.15,
+                             static=graphs)
+        if mix:
+            b['partner'], b['rows'] = torch.from_numpy(partner), torch.from_numpy(rows[idx])
+        loss, lam = step(**lhmix.to_device(b, device))
+        losses.append(loss.item())
+    return losses, step
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
+@pytest.mark.parametrize('mix', [False, True])
+def test_cuda_graph_steps_match_eager_on_gpu_bf16(mix):
+    import copy
+    from test_lhmix import PARENTS, tiny_model
+    device = torch.device('cuda')
+    if train.cuda_graphs_unavailable(device):
+        pytest.skip(train.cuda_graphs_unavailable(device))
+    torch.manual_seed(0)
+    model, _ = tiny_model(lhmix.Hierarchy(PARENTS))
+    for m in model.modules():  # no dropout: the two runs draw no random masks
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    model.to(device)
+    twin = copy.deepcopy(model)
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(5, model.base_vocab, int(k)) for k in rng.integers(18, 40, 48)]
+    labels = [[0, 2], [1, 4], [0, 3], [1, 5]] * 12
+    table, rows = torch.randn(4, 32, device=device), np.arange(48) % 4
+    graphed, step = _run_steps(twin, docs, labels, table, rows, device, mix, graphs=True)
+    eager, _ = _run_steps(model, docs, labels, table, rows, device, mix, graphs=False)
+    assert 2 <= len(step.graphs) <= 6  # captured once per batch shape, then replayed
+    assert graphed == pytest.approx(eager, rel=2e-2, abs=2e-2)  # bf16 autocast
+    scorer = train.CUDAGraphs(twin.label_scores)
+    docs = docs + [d[:6] for d in docs[:20]]  # batches of two lengths, the last one not full
+    s_e = lhmix.score_documents(model, docs, batch_size=16)
+    s_g = lhmix.score_documents(twin, docs, batch_size=16, scorer=scorer)
+    assert len(scorer.graphs) >= 2 and np.allclose(s_g, s_e, rtol=5e-2, atol=5e-2)
+
+
+# -----------------------------------------------------------------------------
+# The README's Python examples run as written
+
+
+def readme_python_blocks():
+    with open(os.path.join(HERE, 'README.md'), encoding='utf-8') as f:
+        return re.findall(r'```python\n(.*?)```', f.read(), re.S)
+
+
+def test_readme_classify_example(demo_run, tmp_path, monkeypatch, capsys):
+    code = next(b for b in readme_python_blocks() if 'evaluate.classify' in b)
+    (tmp_path / 'out' / 'demo-prompt-lhmix-s0').mkdir(parents=True)
+    (tmp_path / 'out' / 'demo-prompt-lhmix-s0' / 'best').symlink_to(demo_run[0] / 'best')
+    monkeypatch.chdir(tmp_path)
+    exec(code, {})
+    paths = eval(capsys.readouterr().out.strip().splitlines()[-1])  # label paths (names by depth)
+    h, _ = data.load_demo()
+    assert isinstance(paths, list) and all(name in h.names for p in paths for name in p)
+
+
+def test_readme_training_example(tmp_path, capsys):
+    code = next(b for b in readme_python_blocks() if 'lhmix.build_model' in b)
+    mlm, tok = data.tiny_bert(['deep nets learn features', 'genes and proteins', 'cs ml bio'])
+    mlm.save_pretrained(tmp_path / 'm')
+    tok.save_pretrained(tmp_path / 'm')
+    torch.manual_seed(0)
+    exec(code, {'MODEL': str(tmp_path / 'm')})
+    assert capsys.readouterr().out.strip().startswith('[[')  # the (N, V) bool predictions
