@@ -1,7 +1,7 @@
 """Speed of LH-Mix against the bare encoder it sits on, in one run on one device.
 
-    python bench.py                  # bert-base sizes (random weights), WOS-like lengths, GPU
-    python bench.py --size tiny --lengths short --steps 3 --rounds 2    # a CPU smoke test
+    python bench.py    # bert-base sizes (random weights), WOS-like lengths, on the GPU
+    python bench.py --size tiny --lengths short --steps 3 --rounds 2    # CPU smoke test
 
 The limit is the GPU-kernel time of the floor: the bare encoder's forward + backward + Adam.
 """
@@ -30,8 +30,8 @@ p = argparse.ArgumentParser(description=__doc__,
 p.add_argument('--size', default='base', choices=SIZES)
 p.add_argument('--lengths', default='wos', choices=LENGTHS)
 p.add_argument('--batch', type=int, default=16)
-p.add_argument('--steps', type=int, default=30, help='distinct batches per timed pass')
-p.add_argument('--rounds', type=int, default=9, help='timed passes of each (median reported)')
+p.add_argument('--steps', type=int, default=30, help='batches per timed pass')
+p.add_argument('--rounds', type=int, default=9, help='timed passes (median reported)')
 p.add_argument('--device', help='cpu, cuda or cuda:N (default: cuda when there is one)')
 p.add_argument('--epoch', action='store_true', help="instead: a train.py epoch at WOS's size")
 args = p.parse_args()
@@ -41,6 +41,7 @@ if min(args.batch, args.steps, args.rounds) < 1:
 device = evaluate.parse_device(p, args.device)
 cuda, why_not = device.type == 'cuda', train.cuda_graphs_unavailable(device)
 ways = ['eager'] + ([] if why_not else ['graphed'])
+table = torch.randn(64, SIZES[args.size][0], device=device)  # LH-Mix's: 64 hierarchies
 print(f"{torch.cuda.get_device_name(device) if cuda else 'CPU'}, torch {torch.__version__}, "
       f"CUDA graphs: {why_not or 'on'}")
 
@@ -64,14 +65,13 @@ def documents(n, rng):
 
 def make_step(model, graphs, table=None):
     """train.py's step, with Adam as train.py makes it."""
-    opt = torch.optim.Adam(model.parameters(), lr=train.DEFAULTS['lr'], fused=cuda,
-                           capturable=graphs)
-    return train.make_step(model, opt, graphs, table, train.DEFAULTS['alpha'],
-                           train.DEFAULTS['beta'])
+    d = train.DEFAULTS
+    opt = torch.optim.Adam(model.parameters(), lr=d['lr'], fused=cuda, capturable=graphs)
+    return train.make_step(model, opt, graphs, table, d['alpha'], d['beta'])
 
 
 class Floor(torch.nn.Module):
-    """The encoder alone, with a loss that reads all of its output."""
+    """The bare encoder, with a loss that reads all of its output."""
 
     def __init__(self, encoder):
         super().__init__()
@@ -88,8 +88,8 @@ def sync():
 
 
 def compare(runs):
-    """{name: median ms per call} of runs {name: (fn, batches)}: a first pass over the batches
-    (it captures the graphs), then the runs take turns, --rounds times (drifts hit all alike)."""
+    """{name: median ms per call} of runs {name: (fn, batches)}: a first pass (it captures the
+    graphs), then the runs take turns, --rounds times (drifts hit them all alike)."""
     for fn, batches in runs.values():
         for b in batches:
             fn(b)
@@ -105,10 +105,10 @@ def compare(runs):
     return {k: float(np.median(v)) for k, v in times.items()}
 
 
-if args.epoch:  # with graphs, capturing them included
+if args.epoch:  # graphs captured in it
     model = make_model()
     docs, labels = documents(30070, np.random.default_rng(0))
-    step = make_step(model, not why_not, torch.randn(64, SIZES[args.size][0], device=device))
+    step = make_step(model, not why_not, table)
     targs, _ = train.parse(['--data', 'wos', '--warmup-epochs', '0', '--batch', str(args.batch),
                             '--device', str(device)])
     t0 = time.perf_counter()
@@ -119,15 +119,15 @@ if args.epoch:  # with graphs, capturing them included
 
 
 def batch(idx, seed, static):
-    """train.py's batch of documents idx (on the CPU), with rows of the table and partners."""
-    rng = np.random.default_rng(seed)  # the same, eager and graphed
+    """train.py's batch of documents idx (on the CPU), with table rows and partners."""
+    rng = np.random.default_rng(seed)  # the same eager and graphed
     b = lhmix.make_batch(model, [docs[i] for i in idx], [labels[i] for i in idx],
                          lhmix.pad_multiple(device), rng, train.MLM_RATE, static)
     return dict(b, rows=torch.tensor(idx % 64), partner=torch.tensor(rng.permutation(len(idx))))
 
 
 def timed(step, keys):
-    """batch -> step on its `keys`, moved to the device per call as train.py moves them."""
+    """batch -> step on its `keys`, moved to the device per call as in train.py."""
     return lambda b: step(**lhmix.to_device({k: b[k] for k in keys}, device))
 
 
@@ -138,7 +138,6 @@ model = make_model()
 docs, labels = documents(args.batch * args.steps, rng)
 orders = {k: [idx for idx, _ in lhmix.train_batches([len(d) for d in docs], args.batch, rng, mix)]
           for k, mix in (('', False), (', random batches', True))}
-table = torch.randn(64, SIZES[args.size][0], device=device)
 runs = {}
 for way in ways:
     floor = make_step(Floor(make_model().mlm.base_model), way == 'graphed')
@@ -152,12 +151,13 @@ for way in ways:
         runs[f'LH-Mix, {way}{k}'] = timed(step, LHMIX), bs
 ms = compare(runs)
 if cuda:  # each kernel counted once, under the CPU op launching it
-    with torch.profiler.profile() as prof:
-        for b in runs['floor, eager'][1]:
-            runs['floor, eager'][0](b)
+    fn, bs = runs['floor, eager']
+    with torch.profiler.profile(acc_events=True) as prof:
+        for b in bs:
+            fn(b)
         sync()
     limit = sum(e.self_device_time_total for e in prof.key_averages()
-                if e.device_type == torch.autograd.DeviceType.CPU) / len(orders['']) / 1000
+                if e.device_type == torch.autograd.DeviceType.CPU) / len(bs) / 1000
 else:
     limit = ms['floor, eager']
 print(f"limit: {limit:.2f} ms/step, the floor's {'GPU-kernel' if cuda else 'eager (no GPU)'} time")
@@ -176,12 +176,12 @@ for way in ways:  # the first pass captures the graphs, the second is timed
     print(f'evaluation, {way}: {len(docs) / (time.perf_counter() - t0):.0f} documents/s')
 
 if cuda:
-    print(f"{'ZMLCE fwd+bwd (rows, labels)':<30} {'fused ms':>9} {'plain ms':>9}")
+    print('ZMLCE forward + backward, fused vs plain:')
     for n, L in (32, 141), (4096, 4096):  # an LH-Mix step's, a large one
         s = torch.randn(n, L, device=device, requires_grad=True)
         t = torch.rand(n, L, device=device) < 0.05
         ms = compare({k: (lambda _, f=f: f(s, t).sum().backward(), [None] * 20) for k, f
                       in (('fused', lhmix.zmlce), ('plain', lhmix.plain_zmlce))})
-        print(f"{str((n, L)):<30} {ms['fused']:9.3f} {ms['plain']:9.3f}")
+        print(f"{n} rows x {L} labels: {ms['fused']:.3f} ms vs {ms['plain']:.3f} ms")
 else:
-    print('ZMLCE, fused vs plain: not run (the fused kernel needs CUDA)')
+    print('ZMLCE, fused vs plain: not run (no CUDA)')
