@@ -11,6 +11,7 @@ import sys
 import tempfile
 import zipfile
 from collections import Counter
+from pathlib import Path
 from xml.etree import ElementTree
 
 import numpy as np
@@ -20,7 +21,8 @@ from lhmix import Hierarchy, LHMix
 
 
 def read_lines(path):
-    """[(line number, line)] of a UTF-8 text file (`-`: standard input); a BOM is dropped."""
+    """[(line number, line)] of a UTF-8 text file (`-`: standard input); a BOM is dropped.
+    Python's own UnicodeDecodeError names no line: this one does."""
     try:
         with (open(path, encoding='utf-8-sig') if path != '-' else
               io.TextIOWrapper(io.BytesIO(sys.stdin.buffer.read()), encoding='utf-8-sig')) as f:
@@ -31,18 +33,8 @@ def read_lines(path):
         col = e.start - max(before.rfind(b'\n'), before.rfind(b'\r'))
         raise ValueError(f'{path}:{n}: not UTF-8 text ({e.reason} at byte {col} of the line)'
                          ) from None
-    except OSError as e:
-        raise ValueError(f'{path}: cannot be read ({e.strerror})') from None
     lines = text.split('\n')
     return list(enumerate(lines[:-1] if lines[-1] == '' else lines, 1))
-
-
-def read_bytes(path):
-    try:
-        with open(path, 'rb') as f:
-            return f.read()
-    except OSError as e:
-        raise ValueError(f'{path}: cannot be read ({e.strerror})') from None
 
 
 # -----------------------------------------------------------------------------
@@ -137,7 +129,8 @@ def _data_xlsx(archive):
 
 
 def _download_wos(path):
-    """WebOfScience.zip from the first of WOS_URLS that gives a zip holding Meta-data/Data.xlsx."""
+    """WebOfScience.zip from the first of WOS_URLS that gives a zip holding Meta-data/Data.xlsx
+    (Mendeley answers a script's own User-Agent with a sign-in page)."""
     import http.client
     import urllib.request
     failed = []
@@ -160,56 +153,47 @@ def _download_wos(path):
 
 def load_wos(folder):
     """WOS-46985 as HPT's preprocess_wos.py + data_wos.py build it, from Data.txt, Data.xlsx or
-    WebOfScience.zip (downloaded when none is there): text = clean_str(Abstract); labels Domain
-    (depth 1) -> area (depth 2) named as hpt_areas; ids as data_wos.py gives them: domains, then
-    areas, each in order of first appearance; HPT's split. Returns (hierarchy, splits)."""
+    WebOfScience.zip (downloaded when none is there): text = clean_str(Abstract); labels Domain ->
+    area (named as hpt_areas); ids: domains, then areas, each in order of first appearance, as
+    data_wos.py numbers them; HPT's split."""
     txt, xlsx, archive = (os.path.join(folder, f) for f in
                           ('Data.txt', 'Data.xlsx', 'WebOfScience.zip'))
     if os.path.exists(txt):
         source = txt
         numbered = [(n, line.split('\t')) for n, line in read_lines(txt) if line.strip()]
     elif os.path.exists(xlsx):
-        source, numbered = xlsx, list(enumerate(_xlsx_rows(read_bytes(xlsx)), 1))
+        source, numbered = xlsx, list(enumerate(_xlsx_rows(Path(xlsx).read_bytes()), 1))
     else:
         if not os.path.exists(archive):
             _download_wos(archive)
-        found = _data_xlsx(read_bytes(archive))
+        found = _data_xlsx(Path(archive).read_bytes())
         if found is None:
             raise ValueError(f'{archive}: not a zip holding Meta-data/Data.xlsx')
         source, numbered = f'{archive}:{found[0]}', list(enumerate(_xlsx_rows(found[1]), 1))
-    if not numbered:
-        raise ValueError(f'{source}: empty')
-    n, header = numbered[0][0], [c.strip() for c in numbered[0][1]]
+    header = [c.strip() for c in numbered[0][1]] if numbered else []
     if header[:7] != ['Y1', 'Y2', 'Y', 'Domain', 'area', 'keywords', 'Abstract']:
-        raise ValueError(f'{source}:{n}: expected the header Y1 Y2 Y Domain area keywords '
+        raise ValueError(f'{source}:1: expected the header Y1 Y2 Y Domain area keywords '
                          f'Abstract, got {header}')
-    if len(numbered) == 1:
-        raise ValueError(f'{source}: no rows after the header')
     for n, r in numbered[1:]:
-        if len(r) != 7:
-            raise ValueError(f'{source}:{n}: expected 7 tab-separated fields, found {len(r)}')
-        if not r[3].strip() or not r[4].strip():
-            raise ValueError(f'{source}:{n}: empty Domain or area')
+        if len(r) != 7 or not r[3].strip() or not r[4].strip():
+            raise ValueError(f'{source}:{n}: expected 7 tab-separated fields with a Domain and an '
+                             f'area, found {len(r)} fields')
     rows = [r for _, r in numbered[1:]]
+    parts = wos_split(len(rows))
+    if not all(len(p) for p in parts):
+        raise ValueError(f'{source}: {len(rows)} rows leave a split empty (HPT splits 64/16/20 %)')
     pairs = list(zip((r[3].strip() for r in rows), hpt_areas(rows)))
     domains = list(dict.fromkeys(d for d, _ in pairs))
-    first = {a: i for i, a in reversed(list(enumerate(a for _, a in pairs)))}  # its first row
-    owners = Counter(a for _, a in dict.fromkeys(pairs))
+    areas = list(dict.fromkeys(pairs))  # in order of first appearance
+    owners = Counter(a for _, a in areas)
     # data_wos.py keys labels by name; a name under two domains (or a domain's name) would be one
     # label with two parents there, which is no tree: such an area keeps its domain in its key.
     # The full WOS file has none, so its labels are exactly HPT's.
-    key = {(d, a): a if owners[a] == 1 and a not in domains else f'{a} ({d})' for d, a in pairs}
-    parents, names = {d: None for d in domains}, {d: d for d in domains}
-    for d, a in sorted(dict.fromkeys(pairs), key=lambda p: first[p[1]]):
-        parents[key[d, a]], names[key[d, a]] = d, a
-    h = Hierarchy(parents, names)
+    key = {(d, a): a if owners[a] == 1 and a not in domains else f'{a} ({d})' for d, a in areas}
+    h = Hierarchy({**dict.fromkeys(domains), **{key[p]: p[0] for p in areas}},
+                  {**{d: d for d in domains}, **{key[p]: p[1] for p in areas}})
     docs = [(clean_str(r[6]), [h.index[d], h.index[key[d, a]]]) for r, (d, a) in zip(rows, pairs)]
-    splits = {s: [docs[i] for i in idx]
-              for s, idx in zip(('train', 'dev', 'test'), wos_split(len(docs)))}
-    for s, part in splits.items():
-        if not part:
-            raise ValueError(f'{source}: {len(docs)} rows leave the {s} split empty '
-                             '(HPT splits 64/16/20 %)')
+    splits = {s: [docs[i] for i in idx] for s, idx in zip(('train', 'dev', 'test'), parts)}
     return h, splits
 
 
@@ -222,9 +206,7 @@ def _taxonomy(path):
     parents, lines = {}, {}
     for n, line in read_lines(path):
         cells = [c.strip() for c in line.split('\t') if c.strip()]
-        if not cells:
-            continue
-        if len(cells) < 2:
+        if len(cells) == 1:
             raise ValueError(f'{path}:{n}: a taxonomy line needs a parent and at least one child')
         for child in cells[1:]:
             if child in parents:
@@ -232,8 +214,7 @@ def _taxonomy(path):
                                  f'({parents[child]!r} on {lines[child]} and {cells[0]!r})')
             parents[child], lines[child] = cells[0], f'{path}:{n}'
     if not parents:
-        raise ValueError(f'{path}: empty (expected lines parent<TAB>child<TAB>child..., '
-                         'the first parent Root)')
+        raise ValueError(f'{path}: empty (expected lines parent<TAB>child<TAB>child...)')
     return parents, lines
 
 
@@ -266,37 +247,33 @@ def load_hiagm(folder):
     names = {}
     names_file = os.path.join(folder, 'label_names.tsv')
     for n, line in read_lines(names_file) if os.path.exists(names_file) else []:
-        if line.strip():
-            code, _, name = line.partition('\t')
-            if not name.strip():
-                raise ValueError(f'{names_file}:{n}: expected code<TAB>name')
-            names[code.strip()] = name.strip()
+        code, _, name = line.partition('\t')
+        if line.strip() and not name.strip():
+            raise ValueError(f'{names_file}:{n}: expected code<TAB>name')
+        names[code.strip()] = name.strip()
     taxonomy = one(('.taxonomy', '.taxnomy'), '*.taxonomy (or wos.taxnomy)')
     parents, lines = _taxonomy(taxonomy)
     ids_file = os.path.join(folder, 'value_dict.pt')
-    value_dict = _load_value_dict(ids_file) if os.path.exists(ids_file) else None
+    value_dict = _load_value_dict(ids_file) if os.path.exists(ids_file) else {}
     raw = {}
     for split, suffixes in (('train', ('_train.json',)), ('dev', ('_dev.json', '_val.json')),
                             ('test', ('_test.json',))):
         path = one(suffixes, '*' + ' or *'.join(suffixes))
-        raw[split] = [_hiagm_doc(f'{path}:{n}', line, parents, taxonomy, value_dict, ids_file)
+        raw[split] = [_hiagm_doc(f'{path}:{n}', line, parents, value_dict, taxonomy, ids_file)
                       for n, line in read_lines(path) if line.strip()]
         if not raw[split]:
             raise ValueError(f'{path}: no documents (the {split} split may not be empty)')
         if not any(labels for _, labels in raw[split]):
             raise ValueError(f'{path}: no document has a label (the {split} split)')
-    label_of = {}
-    if value_dict is not None:
-        label_of = resolve_ids(value_dict, parents, [labels for docs in raw.values()
-                                                     for _, labels in docs], ids_file, taxonomy)
-        # the verbalizer's names are HPT's (e.g. 'HIV/AIDS' whole); label_names.tsv still wins
-        names = {**{label_of[i]: value_dict[i] for i in label_of}, **names}
-    h = Hierarchy(parents, names, lines)
+    label_of = resolve_ids(value_dict, parents, [labels for docs in raw.values()
+                                                 for _, labels in docs], ids_file, taxonomy)
+    # the verbalizer's names are HPT's (e.g. 'HIV/AIDS' whole); label_names.tsv still wins
+    h = Hierarchy(parents, {**{label_of[i]: value_dict[i] for i in label_of}, **names}, lines)
     return h, {s: [(text, h.closure(h.index[label_of.get(v, v)] for v in labels))
                    for text, labels in docs] for s, docs in raw.items()}
 
 
-def _hiagm_doc(where, line, parents, taxonomy, value_dict, ids_file):
+def _hiagm_doc(where, line, parents, value_dict, taxonomy, ids_file):
     """(text, labels) of one line of a split file; labels are taxonomy names or value_dict ids."""
     try:
         d = json.loads(line)
@@ -304,35 +281,26 @@ def _hiagm_doc(where, line, parents, taxonomy, value_dict, ids_file):
         raise ValueError(f'{where}: malformed JSON ({e.msg})') from None
     d = d if isinstance(d, dict) else {}
     text, labels = d.get('token', d.get('doc_token')), d.get('label', d.get('doc_label'))
-    if text is None or not isinstance(labels, list):
-        raise ValueError(f'{where}: expected an object with `token` (or `doc_token`) and a list '
-                         '`label` (or `doc_label`)')
-    if not isinstance(text, str) and not (isinstance(text, list)
-                                          and all(isinstance(w, str) for w in text)):
-        raise ValueError(f'{where}: `token` must be a string or a list of strings, '
-                         f'found {json.dumps(text)[:80]}')
+    if isinstance(text, list) and all(isinstance(w, str) for w in text):
+        text = ' '.join(text)
+    if not isinstance(text, str) or not isinstance(labels, list):
+        raise ValueError(f'{where}: expected an object with `token` (or `doc_token`): a string or '
+                         'a list of strings, and a list `label` (or `doc_label`)')
     for v in labels:
-        if isinstance(v, str):
-            if v not in parents:
-                raise ValueError(f'{where}: label {v!r} is not in the taxonomy {taxonomy}')
-        elif value_dict is None:
-            raise ValueError(f'{where}: label {json.dumps(v)} is not a string (a label id needs '
-                             f"HPT's {ids_file})")
-        elif type(v) is not int:
-            raise ValueError(f'{where}: label {json.dumps(v)} is neither a name nor an id')
-        elif v not in value_dict:
-            raise ValueError(f'{where}: label id {v} is not in {ids_file}')
-    return ' '.join(text) if isinstance(text, list) else text, labels
+        if not (v in parents if isinstance(v, str) else type(v) is int and v in value_dict):
+            raise ValueError(f'{where}: label {json.dumps(v)} is neither a label of {taxonomy} '
+                             f'nor an id in {ids_file}')
+    return text, labels
 
 
 def _load_value_dict(path):
     """HPT's value_dict.pt (data_*.py): torch.save of a plain dict label id -> name."""
-    read_bytes(path)  # unreadable: one line saying why
-    try:
-        d = torch.load(path, weights_only=True)
-    except Exception as e:  # torch raises many kinds for a file that is not its own
-        why = str(e).splitlines()[0] if str(e) else repr(e)
-        raise ValueError(f'{path}: not readable by torch.load ({why})') from None
+    with open(path, 'rb') as f:
+        try:
+            d = torch.load(f, weights_only=True)
+        except Exception as e:  # torch raises many kinds for a file that is not its own
+            why = str(e).splitlines()[0] if str(e) else repr(e)
+            raise ValueError(f'{path}: not readable by torch.load ({why})') from None
     if not isinstance(d, dict) or not all(type(k) is int and isinstance(v, str)
                                           for k, v in d.items()):
         raise ValueError(f'{path}: expected a dict of label id (int) -> name (str), as HPT '
@@ -450,36 +418,31 @@ def tiny_bert(texts, max_words=8000):
 
 def load_pretrained(name):
     """(masked LM, tokenizer) of a pretrained BERT- or RoBERTa-style model: a local folder or a hub
-    id. Never runs code from the folder (trust_remote_code=False, auto_map refused). A name that can
-    only be a path fails at once when it is not a folder."""
+    id. Never runs code from the folder (trust_remote_code=False, auto_map refused)."""
     from safetensors import SafetensorError
     from transformers import AutoModelForMaskedLM, AutoTokenizer
     path = os.path.expanduser(name)
-    local = name.startswith(('.', '~', '/')) or path.count('/') > 1 or os.path.exists(path)
-    if local and not os.path.isdir(path):
-        raise ValueError(f'--model {name!r}: '
-                         + ('not a folder' if os.path.exists(path) else 'no such folder'))
+    # what exists, or has a '/' without being a hub id (org/name), can only be a local folder
+    local = os.path.exists(path) or '/' in name and not re.fullmatch(r'\w[\w.-]*/\w[\w.-]*', name)
     if local:
-        name, files = path, os.listdir(path)
-        _missing(path, [f for f in files if os.path.isfile(os.path.join(path, f))])  # readable?
+        if not os.path.isdir(path):
+            raise ValueError(f'--model {name!r}: '
+                             + ('not a folder' if os.path.exists(path) else 'no such folder'))
+        name = path
         refuse_remote_code(path)
-        if 'config.json' not in files or not any(f.endswith(('.safetensors', '.bin'))
-                                                 for f in files):
-            raise ValueError(f'{path}: no model files (config.json and *.safetensors or *.bin) '
-                             'in this folder')
-        if not {'tokenizer.json', 'vocab.txt', 'vocab.json'} & set(files):
-            raise ValueError(f'{path}: no tokenizer files (tokenizer.json, vocab.txt or '
-                             'vocab.json) in this folder')
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
         mlm = AutoModelForMaskedLM.from_pretrained(name, trust_remote_code=False)
     except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:
         hint = '' if local else (' (not a local folder; without internet, pass a local folder or '
                                  '--model tiny)')
-        why = ' '.join(str(e).split())  # one line
-        raise ValueError(f'could not load model {name!r}{hint}: {why}') from None
+        raise ValueError(f'could not load model {name!r}{hint}: {one_line(e)}') from None
     # fp32 master weights, even from fp16 files; autocast does the rest
     return mlm.float(), tokenizer
+
+
+def one_line(e):
+    return ' '.join(f'{type(e).__name__}: {e}'.split())
 
 
 # -----------------------------------------------------------------------------
@@ -515,23 +478,24 @@ def write_atomically(path, text):
     _fsync(folder)
 
 
-def _tensors(model):
+def _untied(model):
     """The state dict with each tied tensor once (safetensors stores no aliases; BERT's decoder
     weight is its word embeddings), and {alias: the name it is tied to}."""
-    tensors, seen, tied = {}, {}, {}
+    tensors, tied, first = {}, {}, {}
     for name, t in model.state_dict().items():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.shape)
-        if key in seen:
-            tied[name] = seen[key]
+        owner = first.setdefault((t.data_ptr(), t.shape), name)
+        if owner == name:
+            tensors[name] = t
         else:
-            seen[key], tensors[name] = name, t
+            tied[name] = owner
     return tensors, tied
 
 
 def save_checkpoint(folder, model, tokenizer, info, extra=None):
-    """Saves the checkpoint `folder`. Its model.safetensors holds the weights, `extra` ({name:
-    tensor}) as extra.<name>, and JSON metadata 'lhmix': what rebuilds the LHMix, and `info`. A kill
-    at any instant leaves the old checkpoint or the new one. Non-finite weights: nothing written."""
+    """Saves the checkpoint `folder`: config and tokenizer files when it is made, and each time its
+    model.safetensors: the weights, `extra` ({name: tensor}) as extra.<name>, and metadata 'lhmix'
+    (JSON: what rebuilds the LHMix, and `info`). A kill at any instant leaves the old checkpoint or
+    the new one. Non-finite weights: nothing written."""
     from safetensors.torch import save
     bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
     if bad:
@@ -543,7 +507,7 @@ def save_checkpoint(folder, model, tokenizer, info, extra=None):
             'max_length': model.max_length,
             'hierarchy': {'labels': h.labels, 'names': h.names,
                           'parents': [h.labels[p] if p >= 0 else None for p in h.parent]}, **info}
-    tensors = {**_tensors(model)[0], **{f'extra.{k}': v for k, v in (extra or {}).items()}}
+    tensors = {**_untied(model)[0], **{f'extra.{k}': v for k, v in (extra or {}).items()}}
     blob = save({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
                 {'lhmix': json.dumps(meta)})
     if os.path.isdir(folder):
@@ -579,57 +543,40 @@ def refuse_remote_code(folder):
             raise ValueError(f'{path}: asks to run custom code (auto_map); refused')
 
 
-def _missing(folder, names):
-    """Those of `names` missing from `folder`; one there that cannot be read is an error."""
-    missing = []
-    for name in names:
-        try:
-            open(os.path.join(folder, name), 'rb').close()
-        except FileNotFoundError:
-            missing.append(name)
-        except OSError as e:
-            raise ValueError(f'{e.filename}: cannot be read ({e.strerror})') from None
-    return missing
-
-
 def load_checkpoint(folder, device='cpu', hierarchy=None):
     """(model, tokenizer, meta): meta is the saved info and the model's keys, meta['extra'] the
-    extras. With `hierarchy`, the labels must be the data's. Runs no code from the folder."""
+    extras. With `hierarchy`, the labels must be the data's. Runs no code from the folder; what
+    safetensors and transformers find wrong is reported in one line."""
     from safetensors import SafetensorError, safe_open
     from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
     if not os.path.isdir(folder):
         raise ValueError(f'{folder}: no such checkpoint folder')
     if os.path.isdir(os.path.join(folder, 'best')):
         raise ValueError(f'{folder}: a run, not a checkpoint: pass {os.path.join(folder, "best")}')
-    missing = _missing(folder, REQUIRED)
+    missing = [f for f in REQUIRED if not os.path.exists(os.path.join(folder, f))]
     if missing:
         raise ValueError(f'{folder}: not an LH-Mix checkpoint (no {", ".join(missing)})')
     refuse_remote_code(folder)
-    path = os.path.join(folder, WEIGHTS)
     try:
-        with safe_open(path, 'pt') as f:
+        open(os.path.join(folder, WEIGHTS), 'rb').close()  # safetensors: 'No such file' if not
+        with safe_open(os.path.join(folder, WEIGHTS), 'pt') as f:
             meta = json.loads(f.metadata()['lhmix'])
             tensors = {k: f.get_tensor(k) for k in f.keys()}
+        meta['extra'] = {k[6:]: tensors.pop(k).to(device) for k in list(tensors)
+                         if k.startswith('extra.')}
         h = meta['hierarchy']
-    except (SafetensorError, ValueError, KeyError, TypeError) as e:
-        why = ' '.join(f'{type(e).__name__}: {e}'.split())  # one line
-        raise ValueError(f'{path}: truncated, corrupt or not an LH-Mix checkpoint ({why})'
-                         ) from None
-    if hierarchy is not None and h['labels'] != hierarchy.labels:
-        raise ValueError(f'{folder}: its labels differ from those of the data')
-    meta['extra'] = {k[6:]: tensors.pop(k).to(device) for k in list(tensors) if k[:6] == 'extra.'}
-    try:
         mlm = AutoModelForMaskedLM.from_config(AutoConfig.from_pretrained(
             folder, trust_remote_code=False), trust_remote_code=False)
         model = LHMix(mlm, Hierarchy(dict(zip(h['labels'], h['parents'])),
                                      dict(zip(h['labels'], h['names']))),
                       meta['arch'], meta['base_vocab'], meta['special'], meta['max_length'])
-        tied = _tensors(model)[1]  # strict: every parameter loaded, a tied one from its one copy
+        tied = _untied(model)[1]  # strict: every parameter loaded, a tied one from its one copy
         model.load_state_dict({**tensors, **{a: tensors[k] for a, k in tied.items()}})
-        if _tensors(model)[1] != tied:
+        if _untied(model)[1] != tied:
             raise ValueError('its tied weights came apart')
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
-        why = ' '.join(f'{type(e).__name__}: {e}'.split())
-        raise ValueError(f'{folder}: could not be loaded ({why})') from None
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as e:
+        raise ValueError(f'{folder}: unreadable, truncated or corrupt ({one_line(e)})') from None
+    if hierarchy is not None and model.hierarchy.labels != hierarchy.labels:
+        raise ValueError(f'{folder}: its labels differ from those of the data')
     return model.to(device), tokenizer, meta
