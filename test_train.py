@@ -35,24 +35,16 @@ TIMING = ('seconds', 'samples_per_s')
 def tree_state(path):
     """Everything under `path`: names, modes, file contents' hashes, link targets (None if absent),
     to check that a refused command left it exactly as it was."""
+    def state(p):
+        if os.path.islink(p) or os.path.isdir(p):
+            return os.readlink(p) if os.path.islink(p) else ('dir', os.lstat(p).st_mode)
+        with open(p, 'rb') as f:
+            return os.lstat(p).st_mode, hashlib.sha256(f.read()).hexdigest()
     path = str(path)
-    if not os.path.lexists(path):
-        return None
-    if not os.path.isdir(path) or os.path.islink(path):
-        return ('link', os.readlink(path)) if os.path.islink(path) else _file(path)
-    out = {}
-    for root, dirs, files in os.walk(path):
-        for name in dirs + files:
-            p = os.path.join(root, name)
-            out[os.path.relpath(p, path)] = (('link', os.readlink(p)) if os.path.islink(p) else
-                                             ('dir', os.lstat(p).st_mode) if os.path.isdir(p)
-                                             else _file(p))
-    return out
-
-
-def _file(p):
-    with open(p, 'rb') as f:
-        return 'file', os.lstat(p).st_mode, hashlib.sha256(f.read()).hexdigest()
+    if not os.path.lexists(path) or os.path.islink(path) or not os.path.isdir(path):
+        return state(path) if os.path.lexists(path) else None
+    return {os.path.relpath(os.path.join(root, n), path): state(os.path.join(root, n))
+            for root, dirs, files in os.walk(path) for n in dirs + files}
 
 
 def error_of(call):
@@ -117,8 +109,8 @@ def test_metrics_and_resume_equal_to_an_uninterrupted_run(demo_run):
 
 def test_evaluate_reproduces_test_metrics(demo_run, tmp_path):
     out = demo_run[0]
-    evaluate.main(['--ckpt', str(out / 'best'), '--data', 'demo', '--device', 'cpu',
-                   '--out', str(tmp_path / 'e.json'), '--save-predictions', str(tmp_path / 'p.jsonl')])
+    evaluate.main(['--ckpt', str(out / 'best'), '--data', 'demo', '--device', 'cpu', '--out',
+                   str(tmp_path / 'e.json'), '--save-predictions', str(tmp_path / 'p.jsonl')])
     _, test = results(out)
     with open(tmp_path / 'e.json') as f:
         ev = json.load(f)
@@ -189,8 +181,9 @@ def test_bad_data_and_model_fail_before_writing(tmp_path):
     msg = error_of(lambda: train.main(FAST + ['--model', str(tmp_path / 'nope'),
                                               '--out', str(tmp_path / 'out')]))
     assert str(tmp_path / 'nope') in msg and 'no such folder' in msg
-    msg = error_of(lambda: train.main(FAST + ['--max-length', '5', '--out', str(tmp_path / 'out')]))
-    assert msg == 'error: --max-length 5 leaves -4 text tokens for this model (at most 512 positions)'
+    msg = error_of(lambda: train.main(FAST + ['--max-length', '5', '--out', str(tmp_path / 'o')]))
+    assert msg == 'error: --max-length 5 leaves -4 text tokens for this model (at most 512 ' \
+        'positions)'
     assert sorted(os.listdir(tmp_path)) == ['data']
 
 
@@ -285,13 +278,13 @@ def test_a_non_run_folder_is_refused_even_the_repository(tmp_path):
     assert tree_state(os.path.join(HERE, '.git', 'HEAD')) == before
 
 
-def test_overwrite_replaces_a_run_only_once_the_new_one_has_an_epoch(base_run, tmp_path, monkeypatch):
+def test_overwrite_replaces_a_run_only_once_the_new_has_an_epoch(base_run, tmp_path, monkeypatch):
     out = copy_run(base_run[1], tmp_path / 'run')
     before = tree_state(out)
     loss = lhmix.training_loss
     with monkeypatch.context() as mp:  # the new run fails in its first epoch: the old one stays
         mp.setattr(lhmix, 'training_loss', lambda *a, **k: loss(*a, **k) * float('nan'))
-        msg = error_of(lambda: train.main(FAST + ['--epochs', '1', '--out', str(out), '--overwrite']))
+        msg = error_of(lambda: train.main(FAST + ['--out', str(out), '--overwrite']))
     assert 'the training loss became nan in epoch 0' in msg and 'not saved' in msg
     assert tree_state(out) == before and os.listdir(tmp_path) == ['run']
     train.main(FAST + ['--epochs', '1', '--out', str(out), '--overwrite', '--mix', 'none'])
@@ -314,7 +307,7 @@ def test_resume_refuses_changed_training_data(base_run, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize('name, damage, message', [
-    ('model.safetensors', lambda p: p.write_bytes(p.read_bytes()[:1000]), 'truncated, corrupt'),
+    ('model.safetensors', lambda p: p.write_bytes(p.read_bytes()[:1000]), 'truncated or corrupt'),
     ('tokenizer.json', os.remove, 'not an LH-Mix checkpoint (no tokenizer.json)')])
 def test_resume_refuses_a_damaged_checkpoint(base_run, tmp_path, name, damage, message):
     out = copy_run(base_run[0], tmp_path / 'run')
@@ -345,27 +338,9 @@ def _nan_weights(mp):  # a finite loss, but the epoch ends with NaN weights
     mp.setattr(train, 'train_epoch', poisoned)
 
 
-def _disk_full(mp):
-    real = open
-
-    class Full:
-        def __init__(self, f):
-            self.f = f
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *a):
-            self.f.close()
-
-        def __getattr__(self, name):
-            return getattr(self.f, name)
-
-        def write(self, b):
-            raise OSError(errno.ENOSPC, 'No space left on device')
-
-    mp.setattr('builtins.open', lambda p, mode='r', *a, **k: Full(real(p, mode, *a, **k))
-               if 'w' in mode else real(p, mode, *a, **k))
+def _disk_full(mp):  # as a full disk fails a write, or the fsync that flushes it
+    mp.setattr(os, 'fsync', lambda fd: (_ for _ in ()).throw(OSError(errno.ENOSPC, 'No space '
+                                                                       'left on device')))
 
 
 @pytest.mark.parametrize('setup, fresh, resumed', [
@@ -377,14 +352,16 @@ def _disk_full(mp):
     (_nan_weights, 'error: the weights became infinite or NaN in epoch 0 (try a lower --lr); this '
      'epoch is not saved', None),
     (_disk_full, 'error: {out}: No space left on device', None)])
-def test_failure_leaves_every_file_as_it_was(base_run, tmp_path, monkeypatch, setup, fresh, resumed):
+def test_failure_leaves_every_file_as_it_was(base_run, tmp_path, monkeypatch, setup, fresh,
+                                             resumed):
     out = copy_run(base_run[0], tmp_path / 'run')
     before = tree_state(tmp_path)
     with monkeypatch.context() as mp:
         setup(mp)
         for argv, message in [(FAST + ['--out', str(tmp_path / 'new')], fresh),
                               (['--overwrite', '--out', str(out), *FAST], fresh),
-                              (['--data', 'demo', '--out', str(out), '--resume'], resumed or fresh)]:
+                              (['--data', 'demo', '--out', str(out), '--resume'],
+                               resumed or fresh)]:
             with pytest.raises(SystemExit) as e:
                 train.main(argv)
             assert e.value.code == message.format(out=argv[argv.index('--out') + 1]).replace(
@@ -395,7 +372,6 @@ def test_failure_leaves_every_file_as_it_was(base_run, tmp_path, monkeypatch, se
         assert results(out) == results(base_run[1])
 
 
-KILL = os.path.join(HERE, 'train.py')
 WRAPPER = """import os, signal, sys
 sys.path.insert(0, {here!r})
 calls, replace, rename = [0], os.replace, os.rename

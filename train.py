@@ -25,9 +25,8 @@ import evaluate
 import lhmix
 
 # -----------------------------------------------------------------------------
-# Defaults, each from its source. The paper (Sec. 5.1) gives only the model, Adam's learning rate,
-# the 5 epochs without Mixup and the early stopping; for alpha and beta it gives grids (Fig. 5
-# varies one with the other at 1).
+# Defaults, each from its source. The paper (Sec. 5.1) gives the model, Adam's learning rate, the
+# warm-up and the early stopping; for alpha, beta only grids (Fig. 5: one varied, the other at 1).
 DEFAULTS = dict(
     model='bert-base-uncased',  # the paper
     arch='prompt',              # the paper's hierarchical prompt; 'bert': the flat [CLS] ablation
@@ -85,15 +84,14 @@ def parse(argv=None):
 
 
 def is_run(folder):
-    """A folder train.py wrote, recognised by its own files (and what a killed save leaves)."""
+    """A folder train.py wrote, recognised by its own files."""
     names = os.listdir(folder) if os.path.isdir(folder) else []
     return evaluate.METRICS in names and all(  # a killed save leaves .NAME.PID.tmp
         n in RUN or n.endswith('.tmp') and n[1:].rsplit('.', 2)[0] in RUN for n in names)
 
 
 def check_out(args):
-    """--out refused before anything is computed: a file, a folder that is not a run (with or
-    without --overwrite), a symbolic link to --overwrite, a run without --resume or --overwrite."""
+    """--out's problems, refused before anything is computed."""
     out, up = args.out, args.out
     while not os.path.lexists(up) and os.path.dirname(up) not in ('', up):
         up = os.path.dirname(up)
@@ -342,8 +340,9 @@ def train(args, given):
                 q = [0, 5, 25, 50, 75, 95, 100]
                 line['lambda'] = {'mean': float(lam.mean()), 'quantiles': dict(
                     zip(map(str, q), np.quantile(lam, np.array(q) / 100).tolist()))}
-            tqdm.write(f'epoch {epoch:3d}  loss {loss:.4f}  dev micro-F1 {100 * line["dev_micro_f1"]:.2f}'
-                       f'  macro-F1 {100 * line["dev_macro_f1"]:.2f}  {seconds:.1f} s'
+            micro, macro = 100 * dev['micro_f1'], 100 * dev['macro_f1']
+            tqdm.write(f'epoch {epoch:3d}  loss {loss:.4f}  dev micro-F1 {micro:.2f}  macro-F1 '
+                       f'{macro:.2f}  {seconds:.1f} s'
                        + (f'  mixup, mean lambda {lam.mean():.3f}' if lam is not None else ''))
             if not all(torch.isfinite(p).all() for p in model.parameters()):
                 raise FloatingPointError(f'the weights became infinite or NaN in epoch {epoch} '
