@@ -430,6 +430,9 @@ def load_pretrained(name):
                              + ('not a folder' if os.path.exists(path) else 'no such folder'))
         name = path
         refuse_remote_code(path)
+        for f in os.scandir(path):  # safetensors says 'No such file' of one it may not read
+            if f.is_file():
+                open(f.path, 'rb').close()
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
         mlm = AutoModelForMaskedLM.from_pretrained(name, trust_remote_code=False)
