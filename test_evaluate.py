@@ -96,7 +96,6 @@ def test_bad_prediction_lines(tmp_path, bad_line, message):
     (['--out', '{t}/p.jsonl'], 'exists and is not an earlier --out file'),
     (['--save-predictions', '{t}/notes.txt'], 'exists and is not an earlier --save-predictions'),
     (['--save-predictions', '{t}/e.json'], 'exists and is not an earlier --save-predictions'),
-    (['--out', '{t}/notes.txt/e.json'], '{t}/notes.txt is not a writable folder'),
     (['--out', '{t}'], 'is a folder, not a file'),
 ])
 def test_outputs_never_overwrite_what_they_did_not_write(run, tmp_path, monkeypatch, flags,
@@ -119,7 +118,9 @@ def test_outputs_never_overwrite_what_they_did_not_write(run, tmp_path, monkeypa
     (['--ckpt', '{r}/best', '--texts', '{t}'], '{t}: cannot be read (Is a directory)'),
     (['--ckpt', '{r}/best', '--texts', '{t}/no.txt'], '{t}/no.txt: cannot be read (No such file'),
     (['--ckpt', '{r}/best', '--similar', 'Hockey'], "label 'Hockey' is not in the checkpoint's"),
-    (['--summary', '{r}/best'], '{r}/best/best/model.safetensors: not a finished train.py run'),
+    (['--summary', '{r}/best'], '{r}/best/test_metrics.json: not a finished train.py run'),
+    (['--ckpt', '{r}/best', '--data', 'demo', '--out', '{r}/metrics.jsonl/e.json'],
+     "File exists: '{r}/metrics.jsonl'"),  # what the OS refuses, after computing
 ])
 def test_mistakes_end_in_one_error_line(run, tmp_path, argv, message):
     before = tree_state(run)
@@ -142,14 +143,12 @@ def test_broken_pipe_ends_quietly(run, tmp_path):
 
 
 def fake_run(folder, micro, macro, **args):
-    """A finished run's files as --summary reads them: args in best/'s header, test figures."""
-    from safetensors.torch import save_file
-    (folder / 'best').mkdir(parents=True)
-    meta = {'args': {'data': 'demo', 'mix': 'lhmix', 'seed': 0, 'out': str(folder), **args}}
-    save_file({'w': torch.zeros(1)}, folder / 'best' / data.WEIGHTS, {'lhmix': json.dumps(meta)})
-    figures = {'micro_f1': micro, 'macro_f1': macro, 'per_depth': {'1': {'macro_f1': macro}},
-               'by_frequency': [{'macro_f1': macro / (q + 1)} for q in range(4)]}
-    (folder / evaluate.TEST_METRICS).write_text(json.dumps(figures))
+    """A finished run's test_metrics.json as --summary reads it: test figures and arguments."""
+    folder.mkdir()
+    (folder / evaluate.TEST_METRICS).write_text(json.dumps({
+        'micro_f1': micro, 'macro_f1': macro, 'per_depth': {'1': {'macro_f1': macro}},
+        'by_frequency': [{'macro_f1': macro / (q + 1)} for q in range(4)],
+        'args': {'data': 'demo', 'mix': 'lhmix', 'seed': 0, 'out': str(folder), **args}}))
     return str(folder)
 
 
