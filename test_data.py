@@ -544,17 +544,19 @@ def _size_of(path, n):
     (lambda p: _size_of(p, 0), None, '{c}: unreadable, truncated or corrupt (SafetensorError: '),
     (lambda p: p.write_bytes(b'{}}}' + p.read_bytes()[4:]), None, '{c}: unreadable, truncated or '
      'corrupt (SafetensorError: '),  # a garbled header
-    (lambda p: save_file(load_file(p), p), None, "{c}: unreadable, truncated or corrupt (TypeError: "),
+    (lambda p: save_file(load_file(p), p), None,  # no metadata
+     '{c}: unreadable, truncated or corrupt (TypeError: '),
     (_drop_a_weight, None, '{c}: unreadable, truncated or corrupt (RuntimeError: Error(s) in '
      'loading state_dict for LHMix: Missing key(s) in state_dict: "label_bias"'),
     (os.remove, None, '{c}: not an LH-Mix checkpoint (no model.safetensors)'),
     (lambda p: os.remove(p.parent / 'tokenizer.json'), None,
      '{c}: not an LH-Mix checkpoint (no tokenizer.json)'),
-    (_auto_map('config.json'), None, '{c}/config.json: asks to run custom code (auto_map); refused'),
+    (_auto_map('config.json'), None,
+     '{c}/config.json: asks to run custom code (auto_map); refused'),
     (_auto_map('tokenizer_config.json'), None,
      '{c}/tokenizer_config.json: asks to run custom code (auto_map); refused'),
-    (None, lambda c: (c, lhmix.Hierarchy({'Sci': None})), '{c}: its labels differ from those of the '
-     'data'),
+    (None, lambda c: (c, lhmix.Hierarchy({'Sci': None})),
+     '{c}: its labels differ from those of the data'),
     (None, lambda c: (c.parent, None), '{r}: a run, not a checkpoint: pass {c}'),
     (None, lambda c: (c / 'no', None), '{c}/no: no such checkpoint folder'),
 ])
@@ -631,7 +633,8 @@ def test_unreadable_files_name_the_file_and_why(saved, tmp_path):
     for path, _ in cases:
         os.chmod(path, 0)
     script = 'import data\n' + ''.join(
-        f'try:\n    {call}\nexcept (OSError, ValueError) as e:\n    print(e)\n' for _, call in cases)
+        f'try:\n    {call}\nexcept (OSError, ValueError) as e:\n    print(e)\n'
+        for _, call in cases)
     drop = ['setpriv', '--inh-caps=-all', '--bounding-set=-all'] if os.geteuid() == 0 else []
     out = subprocess.run(drop + [sys.executable, '-c', script], capture_output=True, text=True,
                          cwd=os.path.dirname(os.path.abspath(data.__file__)))
