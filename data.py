@@ -250,7 +250,8 @@ def load_hiagm(folder):
         code, _, name = line.partition('\t')
         if line.strip() and not name.strip():
             raise ValueError(f'{names_file}:{n}: expected code<TAB>name')
-        names[code.strip()] = name.strip()
+        if line.strip():
+            names[code.strip()] = name.strip()
     taxonomy = one(('.taxonomy', '.taxnomy'), '*.taxonomy (or wos.taxnomy)')
     parents, lines = _taxonomy(taxonomy)
     ids_file = os.path.join(folder, 'value_dict.pt')
