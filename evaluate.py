@@ -293,7 +293,8 @@ def main(argv=None):
         if args.summary:
             summary(args.summary)
         else:
-            (texts_main if args.texts else similar_main if args.similar else score_main)(args, device)
+            mode = texts_main if args.texts else similar_main if args.similar else score_main
+            mode(args, device)
         sys.stdout.flush()  # here, so that a closed pipe is caught below
     except BrokenPipeError:  # `evaluate.py ... | head -2`: the reader has all it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

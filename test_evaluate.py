@@ -27,13 +27,9 @@ def run(tmp_path_factory):
     return out
 
 
-# -----------------------------------------------------------------------------
 # F1 (HiAGM convention) and scoring a checkpoint or a prediction file
-
-
 def test_f1_hand_worked():
-    gold = [[0, 1], [0], [2]]
-    pred = [[0], [0, 2], [1, 2]]
+    gold, pred = [[0, 1], [0], [2]], [[0], [0, 2], [1, 2]]
     # label 0: tp 2 of 2 predicted, 2 gold -> 1; label 1: 0; label 2: P 1/2, R 1 -> 2/3; label 3: 0
     # micro: tp 3, predicted 5, gold 4 -> P .6, R .75 -> 2/3
     f = evaluate.f1_scores(pred, gold, 4)
@@ -70,8 +66,7 @@ def test_evaluate_reproduces_test_metrics_and_rescores_its_predictions(run, tmp_
     *[(line, ':2: `labels` must be a list of label names (strings)') for line in
       (b'{"labels": "Sci"}', b'{"labels": [1]}', b'{"labels": null}', b'{"labels": [["a"]]}',
        b'{"labels": {"a": 1}}')],
-    (b'[1, 2]', ':2: expected {"labels": [...]}'),
-    (b'{"label": []}', ':2: expected {"labels": [...]}'),
+    *[(line, ':2: expected {"labels": [...]}') for line in (b'[1, 2]', b'{"label": []}')],
     (b'{"labels": ["no such label"]}', ":2: label 'no such label' is not in the hierarchy"),
     (b'{"labels": ["\xff"]}', ':2: not UTF-8 text (invalid start byte at byte 14 of the line)'),
     (b'', ': 299 predictions for 300 documents'),
@@ -84,10 +79,7 @@ def test_bad_prediction_lines(tmp_path, bad_line, message):
     assert msg == f'error: {path}{message}' and not (tmp_path / 'ev').exists()
 
 
-# -----------------------------------------------------------------------------
 # Nothing the user has is written over: one error line, before anything is computed
-
-
 @pytest.mark.parametrize('flags, message', [
     (['--save-predictions', '{c}/model.safetensors'], 'is inside the checkpoint folder {c}'),
     (['--out', '{c}/e.json'], 'is inside the checkpoint folder {c} being read'),
@@ -138,30 +130,24 @@ def test_broken_pipe_ends_quietly(run, tmp_path):
     assert p.wait() == 1 and 'Error' not in err and 'Exception' not in err, err
 
 
-# -----------------------------------------------------------------------------
 # --summary: mean +- sd per setting, n, Welch's p-value against the first setting
-
-
-def fake_run(folder, micro, macro, **args):
-    """A finished run's test_metrics.json as --summary reads it: test figures and arguments."""
-    folder.mkdir()
-    (folder / evaluate.TEST_METRICS).write_text(json.dumps({
-        'micro_f1': micro, 'macro_f1': macro, 'per_depth': {'1': {'macro_f1': macro}},
-        'by_frequency': [{'macro_f1': macro / (q + 1)} for q in range(4)],
-        'args': {'data': 'demo', 'mix': 'lhmix', 'seed': 0, 'out': str(folder), **args}}))
-    return str(folder)
-
-
 def test_summary_groups_by_setting_with_welch_p_values(tmp_path, capsys, monkeypatch):
     stats = pytest.importorskip('scipy.stats')
-    x, y = [1, 2, 3, 4], [2, 4, 6, 8, 10]
+
+    def fake_run(name, micro, macro, **args):  # a finished run's test_metrics.json
+        (tmp_path / name).mkdir()
+        (tmp_path / name / evaluate.TEST_METRICS).write_text(json.dumps({
+            'micro_f1': micro, 'macro_f1': macro, 'per_depth': {'1': {'macro_f1': macro}},
+            'by_frequency': [{'macro_f1': macro / (q + 1)} for q in range(4)],
+            'args': {'data': 'demo', 'mix': 'lhmix', 'seed': 0, 'out': name, **args}}))
+        return str(tmp_path / name)
+
     noise = [{}, {'device': 'cuda'}, {'no_cuda_graphs': True}, {'overwrite': True, 'resume': True},
              {'data_dir': 'd'}]  # arguments that do not change the result
-    a = [fake_run(tmp_path / f'a{i}', v / 100, v / 200, seed=i, **noise[i])
-         for i, v in enumerate(x)]
-    b = [fake_run(tmp_path / f'b{i}', v / 100, v / 400, seed=i, mix='mixup', **noise[i])
-         for i, v in enumerate(y)]
-    c = fake_run(tmp_path / 'c', 0.3, 0.2, mix='none')
+    a = [fake_run(f'a{i}', v / 100, v / 200, seed=i, **noise[i]) for i, v in enumerate(range(1, 5))]
+    b = [fake_run(f'b{i}', v / 100, v / 400, seed=i, mix='mixup', **noise[i])
+         for i, v in enumerate([2, 4, 6, 8, 10])]
+    c = fake_run('c', 0.3, 0.2, mix='none')
     rows = evaluate.summary(a + [a[0], str(tmp_path / '.' / 'a0'), c] + b)  # a0 counted once
     out = capsys.readouterr().out.splitlines()
     assert [(r['setting'], r['n']) for r in rows] == [('mix=lhmix', 4), ('mix=none', 1),
@@ -180,10 +166,7 @@ def test_summary_groups_by_setting_with_welch_p_values(tmp_path, capsys, monkeyp
     assert 'pip install scipy' in capsys.readouterr().out and rows[1]['p'] is None
 
 
-# -----------------------------------------------------------------------------
 # --texts: one JSON line per input line; --similar: the paper's label case study
-
-
 def test_texts_one_json_line_per_input_line(tmp_path, capsys):
     h = lhmix.Hierarchy(PARENTS)
     torch.manual_seed(4)
@@ -215,8 +198,8 @@ def test_similar_ranks_at_init_and_after_training(tmp_path, capsys):
     h = lhmix.Hierarchy(PARENTS)
     torch.manual_seed(3)
     mlm, tok = data.tiny_bert(TEXTS + h.names)
-    mlm.save_pretrained(tmp_path / 'pre')
-    tok.save_pretrained(tmp_path / 'pre')
+    for x in (mlm, tok):
+        x.save_pretrained(tmp_path / 'pre')
     word_emb = mlm.get_input_embeddings().weight.detach().clone()
     model = lhmix.build_model(mlm, tok, h, 'prompt')
     # "trained": optics (label 5) along e0, label u at cosine cos[u] to it in the plane (e0, e_u+1),
