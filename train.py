@@ -379,7 +379,7 @@ def train(args, given):
     best, _, meta = data.load_checkpoint(os.path.join(out, 'best'), device)
     result = evaluate.report(lhmix.score_documents(best, tokens['test']) > 0, gold['test'],
                              hierarchy, [ls for _, ls in splits['train']])
-    result.update(best_epoch=meta['epoch'], checkpoint=os.path.join(out, 'best'))
+    result.update(best_epoch=meta['epoch'], checkpoint=os.path.join(out, 'best'), args=info['args'])
     data.write_atomically(os.path.join(out, evaluate.TEST_METRICS), json.dumps(result, indent=1))
     print(f"test micro-F1 {100 * result['micro_f1']:.2f}  macro-F1 {100 * result['macro_f1']:.2f}"
           f"  (best dev epoch {meta['epoch']}, {out})")
