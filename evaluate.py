@@ -53,13 +53,11 @@ def report(pred, gold, hierarchy, train_labels):
                              for q, ls in enumerate(quartiles, 1)]}
 
 
-def _as_matrix(x, num_labels):
-    if isinstance(x, np.ndarray) and x.ndim == 2:
+def _as_matrix(x, num_labels):  # (N, V) bool of a 0/1 array or of lists of label ids
+    if isinstance(x, np.ndarray):
         return x.astype(bool)
-    m = np.zeros((len(x), num_labels), dtype=bool)
-    for i, ls in enumerate(x):
-        m[i, list(ls)] = True
-    return m
+    m = [np.isin(range(num_labels), list(ls)) for ls in x]
+    return np.array(m, bool).reshape(len(x), num_labels)
 
 
 # Classifying raw texts
@@ -219,9 +217,8 @@ def summary(run_dirs):
 
 
 def similar_main(args, device):
-    """The labels in the top --top by cosine to --similar (key or name) after training or at
-    initialisation (rebuilt from the run's pretrained model); change = rank at init - rank after
-    training ('new': not in the top at init)."""
+    """Init: rebuilt from the run's pretrained model. change = rank at init - rank after training
+    ('new': not in the top at init)."""
     model, _, meta = data.load_checkpoint(args.ckpt, device)
     h, label, top = model.hierarchy, args.similar, args.top
     hits = [u for u, name in enumerate(h.names)
