@@ -296,7 +296,9 @@ def main(argv=None):
     except BrokenPipeError:  # `evaluate.py ... | head -2`: the reader has all it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
-    except (ValueError, OSError) as e:  # a user's mistake, or what the OS refused: one line
+    except OSError as e:  # what the OS refused: the file and the reason
+        sys.exit(f'error: {e.filename}: {e.strerror}' if e.filename else f'error: {e}')
+    except ValueError as e:  # a user's mistake: one line
         sys.exit('error: ' + str(e).replace('\n', ' '))
 
 

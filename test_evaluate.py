@@ -107,12 +107,12 @@ def test_outputs_never_overwrite_what_they_did_not_write(run, tmp_path, monkeypa
 
 @pytest.mark.parametrize('argv, message', [
     (['--ckpt', '{r}', '--data', 'demo'], '{r}: a run, not a checkpoint: pass {r}/best'),
-    (['--ckpt', '{r}/best', '--texts', '{t}'], '{t}: cannot be read (Is a directory)'),
-    (['--ckpt', '{r}/best', '--texts', '{t}/no.txt'], '{t}/no.txt: cannot be read (No such file'),
+    (['--ckpt', '{r}/best', '--texts', '{t}'], '{t}: Is a directory'),
+    (['--ckpt', '{r}/best', '--texts', '{t}/no.txt'], '{t}/no.txt: No such file or directory'),
     (['--ckpt', '{r}/best', '--similar', 'Hockey'], "label 'Hockey' is not in the checkpoint's"),
     (['--summary', '{r}/best'], '{r}/best/test_metrics.json: not a finished train.py run'),
     (['--ckpt', '{r}/best', '--data', 'demo', '--out', '{r}/metrics.jsonl/e.json'],
-     "File exists: '{r}/metrics.jsonl'"),  # what the OS refuses, after computing
+     '{r}/metrics.jsonl: File exists'),  # what the OS refuses, after computing
 ])
 def test_mistakes_end_in_one_error_line(run, tmp_path, argv, message):
     before = tree_state(run)
