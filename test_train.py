@@ -292,6 +292,19 @@ def test_overwrite_replaces_a_run_only_once_the_new_has_an_epoch(base_run, tmp_p
     assert [m['mix'] for m in read_metrics(out)] == [False]
 
 
+def test_a_run_another_train_py_wrote_meanwhile_is_left_alone(base_run, tmp_path, monkeypatch):
+    out, check = tmp_path / 'run', train.check_out
+
+    def checked_then_another_run_writes(args):
+        check(args)
+        copy_run(base_run[1], out)
+    monkeypatch.setattr(train, 'check_out', checked_then_another_run_writes)
+    msg = error_of(lambda: train.main(FAST + ['--epochs', '1', '--out', str(out)]))
+    assert msg == (f'error: --out {out}: another run has written there since this one started; '
+                   'left as it is (choose another --out)')
+    assert tree_state(out) == tree_state(base_run[1]) and os.listdir(tmp_path) == ['run']
+
+
 def test_resume_refuses_changed_training_data(base_run, tmp_path, monkeypatch):
     out = copy_run(base_run[0], tmp_path / 'run')
     before, load = tree_state(out), data.load_data

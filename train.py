@@ -234,10 +234,16 @@ def train_epoch(model, step, tokens, labels, rows, args, epoch, bar):
     return loss, torch.cat(lams).double().cpu().numpy() if lams else None
 
 
-def put_in_place(new, out):
+def put_in_place(new, out, overwrite):
     """The run written whole in `new` becomes `out`; an earlier run there (--overwrite) is renamed
-    aside first and removed last: a kill in between leaves both whole."""
-    old = f'{out}.old-{os.urandom(4).hex()}' if os.path.isdir(out) and os.listdir(out) else None
+    aside first and removed last: a kill in between leaves both whole. Without --overwrite, a run
+    that another train.py wrote into `out` since this one started is left alone."""
+    taken = os.path.isdir(out) and os.listdir(out)
+    if taken and not overwrite:
+        shutil.rmtree(new)
+        raise ValueError(f'--out {out}: another run has written there since this one started; '
+                         'left as it is (choose another --out)')
+    old = f'{out}.old-{os.urandom(4).hex()}' if taken else None
     if old:
         os.rename(out, old)
     os.replace(new, out)  # onto nothing or an empty folder
@@ -372,7 +378,7 @@ def train(args, given):
                     shutil.rmtree(folder, ignore_errors=True)
                 raise
             if not args.resume:
-                put_in_place(folder, out)
+                put_in_place(folder, out, args.overwrite)
                 args.resume = True  # from now on, a run that --resume continues
 
     # the test figures of the best-dev checkpoint, as evaluate.py computes them
