@@ -1,10 +1,6 @@
-"""Score a checkpoint or a prediction file, classify texts, compare labels, summarise runs.
-
-    python evaluate.py --ckpt OUT/best --data wos [--split test] [--out F] [--save-predictions P]
-    python evaluate.py --predictions P --data wos   # P: one {"labels": [label, ...]} a line
-    python evaluate.py --ckpt OUT/best --texts FILE # one JSON line per line of FILE (- = stdin)
-    python evaluate.py --ckpt OUT/best --similar LABEL [--top 15] [--model PRETRAINED]
-    python evaluate.py --summary OUT...             # mean +- sd per setting, Welch's p-values
+"""Scores a checkpoint (--ckpt RUN/best --data D) or a prediction file (--predictions P, a line
+{"labels": [label, ...]} a document), classifies --texts FILE (- = stdin), lists the labels
+nearest to --similar LABEL, or gives mean +- sd per setting and Welch's p of --summary RUN...
 """
 import argparse
 import json
@@ -28,7 +24,11 @@ NOT_SETTINGS = {'seed', 'out', 'overwrite', 'resume', 'device', 'no_cuda_graphs'
 def f1_scores(predictions, gold, num_labels, labels=None):
     """Micro-F1 over all label decisions, macro-F1 over ALL labels (a label neither predicted nor
     present scores 0), of (N, V) 0/1 arrays or lists of label-id lists; `labels`: a subset."""
-    P, G = (_as_matrix(x, num_labels) for x in (predictions, gold))
+    def matrix(x):  # (N, V) bool
+        return x.astype(bool) if isinstance(x, np.ndarray) else np.array(
+            [np.isin(range(num_labels), list(ls)) for ls in x], bool).reshape(-1, num_labels)
+
+    P, G = matrix(predictions), matrix(gold)
     if labels is not None:
         P, G = P[:, labels], G[:, labels]
     # F1 = 2PR / (P + R) = 2 tp / (predicted + gold), 0 where a label is neither
@@ -39,8 +39,7 @@ def f1_scores(predictions, gold, num_labels, labels=None):
 
 
 def report(pred, gold, hierarchy, train_labels):
-    """Overall, per-depth and label-frequency-quartile F1 (Fig. 6), quartiles of the labels by
-    their count in `train_labels`, rarest first."""
+    """Overall, per-depth and label-frequency-quartile F1 (Fig. 6; by train count, rarest first)."""
     def f1(subset=None, **about):
         return {**about, **f1_scores(pred, gold, len(hierarchy), subset)}
 
@@ -53,20 +52,13 @@ def report(pred, gold, hierarchy, train_labels):
                              for q, ls in enumerate(quartiles, 1)]}
 
 
-def _as_matrix(x, num_labels):  # (N, V) bool of a 0/1 array or of lists of label ids
-    if isinstance(x, np.ndarray):
-        return x.astype(bool)
-    m = [np.isin(range(num_labels), list(ls)) for ls in x]
-    return np.array(m, bool).reshape(len(x), num_labels)
-
-
 # Classifying raw texts
 
 
 def classify(model, tokenizer, texts):
-    """Per text: the predicted labels (by depth); `paths`: for each predicted label without a
-    predicted child, the predicted labels' names from the root to it (unpredicted ancestors left
-    out); every label's score; whether it was cut to max_length. An empty text predicts nothing."""
+    """Per text: the predicted labels (by depth), the names on each path from the root to a
+    predicted leaf (predicted labels only), every label's score, whether it was cut to max_length.
+    An empty text predicts nothing."""
     h, budget = model.hierarchy, model.text_budget(model.max_length)
     tokens, _ = lhmix.tokenize(tokenizer, list(texts), budget + 1)  # + 1: tells a cut text
     keep = [i for i, t in enumerate(texts) if t.strip()]
@@ -98,14 +90,14 @@ def texts_main(args, device):
 
 def read_predictions(path, hierarchy, n):
     """(n, V) bool predictions from lines of {"labels": [label name, ...]}, one per document."""
-    pred = np.zeros((n, len(hierarchy)), dtype=bool)
     lines = [(number, line) for number, line in data.read_lines(path) if line.strip()]
     if len(lines) != n:
         raise ValueError(f'{path}: {len(lines)} predictions for {n} documents')
+    pred = np.zeros((n, len(hierarchy)), dtype=bool)
     for i, (number, line) in enumerate(lines):
         try:
             labels = json.loads(line)['labels']
-        except (json.JSONDecodeError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError):
             raise ValueError(f'{path}:{number}: expected {{"labels": [...]}}') from None
         if not isinstance(labels, list) or not all(isinstance(v, str) for v in labels):
             raise ValueError(f'{path}:{number}: `labels` must be a list of label names (strings)')
@@ -117,26 +109,22 @@ def read_predictions(path, hierarchy, n):
 
 
 def check_output(path, flag, ckpt):
-    """Refuses to let `flag` write `path` inside the checkpoint folder being read (symlinks
-    followed), over a folder, or over a file that is not its earlier output (the OS reports the
-    rest when it writes)."""
-    folder, problem = ckpt and os.path.realpath(ckpt), None
+    """Before `flag` writes `path` (the OS reports the rest when it writes)."""
+    folder = ckpt and os.path.realpath(ckpt)
     if folder and os.path.commonpath([os.path.realpath(path), folder]) == folder:
-        problem = f'is inside the checkpoint folder {ckpt} being read'
-    elif os.path.isdir(path):
-        problem = 'is a folder, not a file'
-    elif os.path.exists(path):
-        keys = {'micro_f1', 'macro_f1'} if flag == '--out' else {'labels'}  # what `flag` writes
-        try:
-            with open(path, encoding='utf-8') as f:
-                rows = [json.load(f)] if flag == '--out' else [
-                    json.loads(x) for x in f if x.strip()]
-        except (OSError, ValueError):  # unreadable, not UTF-8 or not JSON: not ours
-            rows = [None]
-        if not all(isinstance(r, dict) and keys <= r.keys() for r in rows):
-            problem = f'exists and is not an earlier {flag} file (remove it or choose another name)'
-    if problem:
-        raise ValueError(f'{flag} {path}: {problem}')
+        raise ValueError(f'{flag} {path}: is inside the checkpoint folder {ckpt} being read')
+    if os.path.isdir(path):
+        raise ValueError(f'{flag} {path}: is a folder, not a file')
+    key = 'macro_f1' if flag == '--out' else 'labels'  # in each JSON object that `flag` writes
+    try:  # --out writes one object, --save-predictions one a line
+        with open(path, encoding='utf-8') as f:
+            rows = [json.loads(x) for x in ([f.read()] if flag == '--out' else f)]
+        ours = all(isinstance(r, dict) and key in r for r in rows)
+    except (OSError, ValueError):  # absent, unreadable, not UTF-8 or not JSON
+        ours = False
+    if os.path.exists(path) and not ours:
+        raise ValueError(f'{flag} {path}: exists and is not an earlier {flag} file (remove it or '
+                         'choose another name)')
 
 
 def score_main(args, device):
@@ -171,8 +159,8 @@ def score_main(args, device):
 
 
 def summary(run_dirs):
-    """Groups runs (each once) by the arguments that change the result (train.py saves them with
-    the test figures); prints n, mean +- sd, Welch's p-value against the first group, Fig. 6."""
+    """Each run once, grouped by the arguments that change the result (train.py saves them with
+    the test figures): n, mean +- sd, Welch's p against the first group, Fig. 6's means."""
     groups = {}
     for run in dict.fromkeys(os.path.realpath(r) for r in run_dirs):
         path = os.path.join(run, TEST_METRICS)
@@ -190,25 +178,26 @@ def summary(run_dirs):
     except ImportError:
         ttest_ind = None
         print('(no p-values without scipy: pip install scipy)')
-    print(f"{'setting':<50} {'n':>2}  {'micro-F1':<13}  {'macro-F1':<13}  p vs first")
+    table = [f"{'setting':<50} {'n':>2}  {'micro-F1':<13}  {'macro-F1':<13}  p vs first"]
+    fig6 = [f"\n{'setting':<50} macro-F1 per depth, then per label-frequency quartile "
+            '(rarest first)']
     rows = []
     for args, runs in groups.values():
+        setting = ' '.join(f'{k}={args.get(k)}' for k in varying) or 'all runs'
         f1, n = 100 * np.array([(m['micro_f1'], m['macro_f1']) for m in runs]), len(runs)
-        fig6 = [[f['macro_f1'] for f in [*m['per_depth'].values(), *m['by_frequency']]]
-                for m in runs]
-        sd = f1.std(0, ddof=1) if n > 1 else None  # one run has no sd and no p-value
-        p = (ttest_ind(f1, rows[0]['f1'], equal_var=False).pvalue
-             if rows and ttest_ind and n > 1 and rows[0]['n'] > 1 else None)
-        rows.append({'setting': ' '.join(f'{k}={args.get(k)}' for k in varying) or 'all runs',
-                     'n': n, 'f1': f1, 'mean': f1.mean(0), 'sd': sd, 'p': p,
-                     'fig6': 100 * np.mean(fig6, 0)})
-        cells = [f'{m:6.2f}' + (f' ± {sd[i]:4.2f}' if n > 1 else ' ' * 7)
-                 for i, m in enumerate(f1.mean(0))]
-        print(f"{rows[-1]['setting']:<50} {n:>2}  {'  '.join(cells)}  "
-              + ('' if p is None else ', '.join(f'{x:.3g}' for x in p)))
-    print(f"\n{'setting':<50} macro-F1 per depth, then per label-frequency quartile (rarest first)")
-    for r in rows:
-        print(f"{r['setting']:<50} " + ' '.join(f'{x:6.2f}' for x in r['fig6']))
+        sd = p = None  # one run has no sd and no p-value
+        if n > 1:
+            sd = f1.std(0, ddof=1)
+            if rows and ttest_ind and rows[0]['n'] > 1:
+                p = ttest_ind(f1, rows[0]['f1'], equal_var=False).pvalue
+        rows.append({'setting': setting, 'n': n, 'f1': f1, 'mean': f1.mean(0), 'sd': sd, 'p': p})
+        micro, macro = (f'{m:.2f}' + (f' ± {sd[i]:.2f}' if n > 1 else '')
+                        for i, m in enumerate(f1.mean(0)))
+        table.append(f'{setting:<50} {n:>2}  {micro:<13}  {macro:<13}  '
+                     + ('' if p is None else ', '.join(f'{x:.3g}' for x in p)))
+        by = [[f['macro_f1'] for f in [*m['per_depth'].values(), *m['by_frequency']]] for m in runs]
+        fig6.append(f'{setting:<50} ' + ' '.join(f'{x:6.2f}' for x in 100 * np.mean(by, 0)))
+    print('\n'.join(table + fig6))
     return rows
 
 
@@ -217,8 +206,7 @@ def summary(run_dirs):
 
 
 def similar_main(args, device):
-    """Init: rebuilt from the run's pretrained model. change = rank at init - rank after training
-    ('new': not in the top at init)."""
+    """change = rank at init (rebuilt from the run's pretrained model) - rank after training."""
     model, _, meta = data.load_checkpoint(args.ckpt, device)
     h, label, top = model.hierarchy, args.similar, args.top
     hits = [u for u, name in enumerate(h.names)
@@ -246,7 +234,7 @@ def similar_main(args, device):
     print(f'labels nearest to {h.labels[v]} ({h.names[v]}) by cosine of the label embeddings, '
           f"top {top}\n{'trained':>7} {'init':>5} {'change':>6} {'cos':>7}  label")
     for u in sorted(trained, key=trained.get):
-        if min(trained[u], at_init[u]) <= top:
+        if min(trained[u], at_init[u]) <= top:  # 'new': not in the top at init
             change = 'new' if at_init[u] > top else f'{at_init[u] - trained[u]:+d}'
             print(f'{trained[u]:>7} {at_init[u]:>5} {change:>6} {cos[u]:7.3f}  '
                   f'{h.labels[u]} ({h.names[u]})')
@@ -271,8 +259,7 @@ def parse_device(parser, name):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__)
     for flag in ('--ckpt', '--predictions', '--data', '--data-dir', '--out', '--save-predictions',
                  '--texts', '--similar', '--model', '--device'):
         p.add_argument(flag)
@@ -289,9 +276,10 @@ def main(argv=None):
     try:
         if args.summary:
             summary(args.summary)
+        elif args.texts:
+            texts_main(args, device)
         else:
-            mode = texts_main if args.texts else similar_main if args.similar else score_main
-            mode(args, device)
+            (similar_main if args.similar else score_main)(args, device)
         sys.stdout.flush()  # here, so that a closed pipe is caught below
     except BrokenPipeError:  # `evaluate.py ... | head -2`: the reader has all it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
