@@ -115,12 +115,11 @@ def check_output(path, flag, ckpt):
         raise ValueError(f'{flag} {path}: is inside the checkpoint folder {ckpt} being read')
     if os.path.isdir(path):
         raise ValueError(f'{flag} {path}: is a folder, not a file')
-    key = 'macro_f1' if flag == '--out' else 'labels'  # in each JSON object that `flag` writes
-    try:  # --out writes one object, --save-predictions one a line
+    start = '{\n "micro_f1": ' if flag == '--out' else '{"labels": ['  # as `flag` writes it
+    try:
         with open(path, encoding='utf-8') as f:
-            rows = [json.loads(x) for x in ([f.read()] if flag == '--out' else f)]
-        ours = all(isinstance(r, dict) and key in r for r in rows)
-    except (OSError, ValueError):  # absent, unreadable, not UTF-8 or not JSON
+            ours = f.read(len(start)) == start
+    except (OSError, ValueError):  # absent, unreadable or not UTF-8
         ours = False
     if os.path.exists(path) and not ours:
         raise ValueError(f'{flag} {path}: exists and is not an earlier {flag} file (remove it or '
