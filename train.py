@@ -92,9 +92,9 @@ def is_run(folder):
 
 def check_out(args):
     """--out's problems, refused before anything is computed."""
-    out, up = args.out, args.out
+    out = up = args.out
     while not os.path.lexists(up) and os.path.dirname(up) not in ('', up):
-        up = os.path.dirname(up)
+        up = os.path.dirname(up)  # the nearest path that exists
     if os.path.lexists(up) and not os.path.isdir(up):
         raise ValueError(f'--out {out}: {"" if up == out else up + " "}is a file, not a folder')
     if args.overwrite and os.path.islink(out):
@@ -130,8 +130,7 @@ def cuda_graphs_unavailable(device):
 
 class CUDAGraphs:
     """fn(**tensors) replayed from a CUDA graph captured once per set of input shapes: the GPU's
-    kernel time without Python's and the launches'. warmup (default fn) runs on a side stream
-    before a capture, as capture requires. A replay overwrites the graph's outputs."""
+    time without Python's and the launches'. A replay overwrites the graph's outputs."""
 
     def __init__(self, fn, warmup=None):
         self.fn, self.warmup, self.graphs = fn, warmup or fn, {}
@@ -141,7 +140,7 @@ class CUDAGraphs:
         key = tuple((k, tuple(v.shape), v.dtype) for k, v in inputs.items())
         if key not in self.graphs:
             static = {k: v.clone() for k, v in inputs.items()}
-            side = torch.cuda.Stream()
+            side = torch.cuda.Stream()  # capture requires a run on a side stream first
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 self.warmup(**static)
@@ -158,9 +157,9 @@ class CUDAGraphs:
 
 
 def make_step(model, opt, graphs, table=None, alpha=None, beta=None):
-    """step(**batch) -> (loss, lambda or None) on the device, no host sync: forward, backward,
-    Adam; captured as CUDA graphs with `graphs`. LH-Mix's lambda is computed in the step from the
-    `table` rows and `partner` the batch carries (Eqs. 3-4); vanilla Mixup's batch carries `lam`."""
+    """step(**batch) -> (loss, lambda or None), with no host sync: forward, backward, Adam; as CUDA
+    graphs with `graphs`. LH-Mix's lambda is computed in the step from the `table` rows and the
+    `partner` the batch carries (Eqs. 3-4); vanilla Mixup's batch carries `lam`."""
     device = next(model.parameters()).device
     # fp16 (GPUs without bf16; no graphs) needs loss scaling; the scale restarts at --resume
     fp16 = device.type == 'cuda' and not torch.cuda.is_bf16_supported()
@@ -234,20 +233,35 @@ def train_epoch(model, step, tokens, labels, rows, args, epoch, bar):
     return loss, torch.cat(lams).double().cpu().numpy() if lams else None
 
 
+def metrics_line(epoch, loss, dev, lam, seconds, n):
+    """metrics.jsonl's line for an epoch, printed; lambda: the ratios used (the README's plot)."""
+    line = {'epoch': epoch, 'mix': lam is not None, 'train_loss': loss,
+            'dev_micro_f1': dev['micro_f1'], 'dev_macro_f1': dev['macro_f1'],
+            'seconds': round(seconds, 2), 'samples_per_s': round(n / seconds, 1)}
+    mixed = ''
+    if lam is not None:
+        q = [0, 5, 25, 50, 75, 95, 100]
+        line['lambda'] = {'mean': float(lam.mean()), 'quantiles': dict(
+            zip(map(str, q), np.quantile(lam, np.array(q) / 100).tolist()))}
+        mixed = f'  mixup, mean lambda {lam.mean():.3f}'
+    tqdm.write(f"epoch {epoch:3d}  loss {loss:.4f}  dev micro-F1 {100 * dev['micro_f1']:.2f}  "
+               f"macro-F1 {100 * dev['macro_f1']:.2f}  {seconds:.1f} s{mixed}")
+    return line
+
+
 def put_in_place(new, out, overwrite):
-    """The run written whole in `new` becomes `out`; an earlier run there (--overwrite) is renamed
+    """The run written whole in `new` becomes `out`. An earlier run there (--overwrite) is renamed
     aside first and removed last: a kill in between leaves both whole. Without --overwrite, a run
     that another train.py wrote into `out` since this one started is left alone."""
     taken = os.path.isdir(out) and os.listdir(out)
     if taken and not overwrite:
-        shutil.rmtree(new)
         raise ValueError(f'--out {out}: another run has written there since this one started; '
                          'left as it is (choose another --out)')
-    old = f'{out}.old-{os.urandom(4).hex()}' if taken else None
-    if old:
+    if taken:
+        old = f'{out}.old-{os.urandom(4).hex()}'
         os.rename(out, old)
     os.replace(new, out)  # onto nothing or an empty folder
-    if old:
+    if taken:
         shutil.rmtree(old)
 
 
@@ -314,10 +328,9 @@ def train(args, given):
         state = {}
         for key, v in extra.items():
             if key.startswith('adam.'):
-                state.setdefault(int(key.split('.')[1]), {})[key.split('.')[2]] = v
+                _, i, name = key.split('.')
+                state.setdefault(int(i), {})[name] = v
         opt.load_state_dict({'state': state, 'param_groups': opt.state_dict()['param_groups']})
-        for p, s in opt.state.items():  # fused Adam counts its steps on the weights' device
-            s['step'] = s['step'].to(p.device)
     table, rows = extra.get('table'), extra.get('rows')
     if args.mix == 'lhmix' and table is None:  # the initial encoder, frozen (Sec. 4.1)
         table, rows = lhmix.local_hierarchy_table(model, tokenizer, gold['train'])
@@ -339,24 +352,13 @@ def train(args, given):
             seconds = time.time() - t0
             scores = lhmix.score_documents(model, tokens['dev'], scorer=scorer)
             dev = evaluate.f1_scores(scores > 0, gold['dev'], len(hierarchy))
-            line = {'epoch': epoch, 'mix': lam is not None, 'train_loss': loss,
-                    'dev_micro_f1': dev['micro_f1'], 'dev_macro_f1': dev['macro_f1'],
-                    'seconds': round(seconds, 2), 'samples_per_s': round(len(docs) / seconds, 1)}
-            if lam is not None:  # the ratios used, for the README's lambda distribution
-                q = [0, 5, 25, 50, 75, 95, 100]
-                line['lambda'] = {'mean': float(lam.mean()), 'quantiles': dict(
-                    zip(map(str, q), np.quantile(lam, np.array(q) / 100).tolist()))}
-            micro, macro = 100 * dev['micro_f1'], 100 * dev['macro_f1']
-            tqdm.write(f'epoch {epoch:3d}  loss {loss:.4f}  dev micro-F1 {micro:.2f}  macro-F1 '
-                       f'{macro:.2f}  {seconds:.1f} s'
-                       + (f'  mixup, mean lambda {lam.mean():.3f}' if lam is not None else ''))
+            history.append(metrics_line(epoch, loss, dev, lam, seconds, len(docs)))
             if not all(torch.isfinite(p).all() for p in model.parameters()):
                 raise FloatingPointError(f'the weights became infinite or NaN in epoch {epoch} '
                                          '(try a lower --lr); this epoch is not saved')
             improved = not f1 or dev['macro_f1'] > max(f1)
             stale = 0 if improved else stale + 1
             f1.append(dev['macro_f1'])
-            history.append(line)
             # best/ if dev macro-F1 improved, metrics.jsonl, then last/: a kill between them
             # re-runs the epoch at --resume. A new run's first epoch is written whole beside
             # --out, then put in place (over an earlier run only now, with --overwrite).
@@ -364,7 +366,7 @@ def train(args, given):
             try:
                 if improved:
                     data.save_checkpoint(os.path.join(folder, 'best'), model, tokenizer,
-                                         {**info, 'epoch': epoch, 'dev': line})
+                                         {**info, 'epoch': epoch, 'dev': history[-1]})
                 data.write_atomically(os.path.join(folder, evaluate.METRICS),
                                       ''.join(json.dumps(h) + '\n' for h in history))
                 extra = {f'adam.{i}.{k}': v for i, s in opt.state_dict()['state'].items()
@@ -373,13 +375,12 @@ def train(args, given):
                     extra.update(table=table, rows=rows)
                 data.save_checkpoint(os.path.join(folder, 'last'), model, tokenizer,
                                      {**info, 'history': history}, extra)
-            except BaseException:
                 if not args.resume:
+                    put_in_place(folder, out, args.overwrite)
+            finally:  # a new run's first epoch, half-written or refused (nothing once in place)
+                if folder != out:
                     shutil.rmtree(folder, ignore_errors=True)
-                raise
-            if not args.resume:
-                put_in_place(folder, out, args.overwrite)
-                args.resume = True  # from now on, a run that --resume continues
+            args.resume = True  # from now on, a run that --resume continues
 
     # the test figures of the best-dev checkpoint, as evaluate.py computes them
     best, _, meta = data.load_checkpoint(os.path.join(out, 'best'), device)
