@@ -546,8 +546,8 @@ def _size_of(path, n):
      'corrupt (SafetensorError: '),  # a garbled header
     (lambda p: save_file(load_file(p), p), None,  # no metadata
      '{c}: unreadable, truncated or corrupt (TypeError: '),
-    (_drop_a_weight, None, '{c}: unreadable, truncated or corrupt (RuntimeError: Error(s) in '
-     'loading state_dict for LHMix: Missing key(s) in state_dict: "label_bias"'),
+    (_drop_a_weight, None, '{c}: unreadable, truncated or corrupt (ValueError: weights missing: '
+     "['label_bias']"),
     (os.remove, None, '{c}: not an LH-Mix checkpoint (no model.safetensors)'),
     (lambda p: os.remove(p.parent / 'tokenizer.json'), None,
      '{c}: not an LH-Mix checkpoint (no tokenizer.json)'),
