@@ -83,15 +83,8 @@ def parse(argv=None):
     return args, given
 
 
-def is_run(folder):
-    """A folder train.py wrote, recognised by its own files."""
-    names = os.listdir(folder) if os.path.isdir(folder) else []
-    return evaluate.METRICS in names and all(  # a killed save leaves .NAME.PID.tmp
-        n in RUN or n.endswith('.tmp') and n[1:].rsplit('.', 2)[0] in RUN for n in names)
-
-
 def check_out(args):
-    """--out's problems, refused before anything is computed."""
+    """--out's problems, refused before anything is computed. A run is recognised by its files."""
     out = up = args.out
     while not os.path.lexists(up) and os.path.dirname(up) not in ('', up):
         up = os.path.dirname(up)  # the nearest path that exists
@@ -99,12 +92,15 @@ def check_out(args):
         raise ValueError(f'--out {out}: {"" if up == out else up + " "}is a file, not a folder')
     if args.overwrite and os.path.islink(out):
         raise ValueError(f'--out {out}: a symbolic link; --overwrite replaces only a real folder')
-    if os.path.isdir(out) and os.listdir(out) and not is_run(out):
-        raise ValueError(f'--out {out}: not a train.py run (it holds '
-                         f'{", ".join(sorted(os.listdir(out))[:3])}...); choose another --out')
-    if args.resume and not is_run(out):
+    names = sorted(os.listdir(out)) if os.path.isdir(out) else []
+    run = evaluate.METRICS in names and all(  # a killed save leaves .NAME.PID.tmp
+        n in RUN or n.endswith('.tmp') and n[1:].rsplit('.', 2)[0] in RUN for n in names)
+    if names and not run:
+        raise ValueError(f'--out {out}: not a train.py run (it holds {", ".join(names[:3])}...); '
+                         'choose another --out')
+    if args.resume and not run:
         raise ValueError(f'--resume: {out} holds no run to continue; start one without --resume')
-    if is_run(out) and not (args.resume or args.overwrite):
+    if run and not (args.resume or args.overwrite):
         raise ValueError(f'--out {out}: holds an earlier run; continue it with --resume, replace '
                          'it with --overwrite, or choose another --out')
 
@@ -173,31 +169,26 @@ def make_step(model, opt, graphs, table=None, alpha=None, beta=None):
         scaler.scale(loss).backward()
         return loss.detach(), lam
 
+    params = [p for g in opt.param_groups for p in g['params']]
+    for p in params:  # the gradients stay allocated (a graph's memory), zeroed in the step
+        p.grad = torch.zeros_like(p)
+
     def step(**batch):
-        opt.zero_grad(set_to_none=True)
+        torch._foreach_zero_([p.grad for p in params])
         out = forward_backward(**batch)
-        scaler.step(opt)
+        scaler.step(opt)  # opt.step() when the scaler is off, as it is with graphs
         scaler.update()
         return out
 
     if not graphs:
         return step
-    params = [p for g in opt.param_groups for p in g['params']]
-    for p in params:  # the gradients stay allocated, zeroed inside the graph
-        p.grad = torch.zeros_like(p)
     if any(not opt.state[p] for p in params):  # Adam's state made outside the graph: a step on
         with warnings.catch_warnings():          # zero gradients moves no weight; its step count is
             warnings.simplefilter('ignore')      # undone (the warning: this step is not captured)
             opt.step()
         for p in params:
             opt.state[p]['step'].zero_()
-
-    def graphed(**batch):
-        torch._foreach_zero_([p.grad for p in params])
-        out = forward_backward(**batch)
-        opt.step()
-        return out
-    return CUDAGraphs(graphed, warmup=forward_backward)
+    return CUDAGraphs(step, warmup=forward_backward)
 
 
 def train_epoch(model, step, tokens, labels, rows, args, epoch, bar):
