@@ -4,6 +4,7 @@ it. Nothing reaches the network: files are written to tmp_path, the download is 
 import io
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -18,10 +19,11 @@ os.environ['TRANSFORMERS_OFFLINE'] = '1'
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from safetensors.torch import load_file, save_file  # noqa: E402
+from safetensors.torch import load_file, safe_open, save_file  # noqa: E402
 
 import data  # noqa: E402
 import lhmix  # noqa: E402
+
 
 def write_lines(path, lines):
     path.write_text(''.join(line + '\n' for line in lines), encoding='utf-8')
@@ -63,42 +65,33 @@ def test_read_lines_as_open_splits_naming_the_line_not_utf8(tmp_path, monkeypatc
 #   np.random.seed(7); ids = list(range(n)); np.random.shuffle(ids)
 #   train, test = train_test_split(np.array(ids), test_size=0.2, random_state=0)
 #   train, dev = train_test_split(train, test_size=0.2, random_state=0)
-# per part: (size, first 5, last 5, sum)
+# per part: (size, first 5, last 5, sum); for n <= 16 the parts in full
 HPT_SPLITS = {
-    46985: [(30070, [43817, 20131, 22368, 39288, 2020], [9969, 15033, 9845, 45162, 4403],
-             707290864),
-            (7518, [14007, 3595, 10052, 36681, 27854], [12068, 24437, 41392, 42263, 43718],
-             174041775),
-            (9397, [539, 27780, 37168, 22575, 17027], [38415, 4448, 35701, 32750, 25472],
-             222438981)],
+    46985: [
+        (30070, [43817, 20131, 22368, 39288, 2020], [9969, 15033, 9845, 45162, 4403], 707290864),
+        (7518, [14007, 3595, 10052, 36681, 27854], [12068, 24437, 41392, 42263, 43718], 174041775),
+        (9397, [539, 27780, 37168, 22575, 17027], [38415, 4448, 35701, 32750, 25472], 222438981)],
     1000: [(640, [893, 648, 469, 973, 228], [455, 766, 358, 877, 704], 325022),
            (160, [273, 367, 352, 31, 38], [150, 437, 330, 254, 540], 76559),
            (200, [919, 721, 570, 815, 439], [246, 67, 870, 468, 148], 97919)],
     37: [(23, [1, 25, 3, 32, 22], [23, 24, 18, 2, 11], 437),
          (6, [28, 10, 31, 15, 21], [10, 31, 15, 21, 5], 110),
          (8, [26, 6, 12, 34, 7], [34, 7, 14, 0, 20], 119)],
+    12: ([2, 8, 1, 5, 10, 9, 6], [7, 3], [11, 4, 0]),
+    16: ([0, 10, 2, 12, 3, 8, 4, 9, 14], [15, 6, 11], [5, 1, 13, 7]),
+    3: ([1], [2], [0]),
 }
-HPT_SPLIT_12 = ([2, 8, 1, 5, 10, 9, 6], [7, 3], [11, 4, 0])  # the same procedure, n = 12, in full
-HPT_SPLIT_16 = ([0, 10, 2, 12, 3, 8, 4, 9, 14], [15, 6, 11], [5, 1, 13, 7])  # n = 16 (1.9.1)
-HPT_SPLIT_3 = ([1], [2], [0])  # n = 3 (sklearn 1.9.1)
-
-HPT_SPLIT_12 = ([2, 8, 1, 5, 10, 9, 6], [7, 3], [11, 4, 0])  # the same procedure, n = 12, in full
-HPT_SPLIT_16 = ([0, 10, 2, 12, 3, 8, 4, 9, 14], [15, 6, 11], [5, 1, 13, 7])  # n = 16 (1.9.1)
-HPT_SPLIT_3 = ([1], [2], [0])  # n = 3 (sklearn 1.9.1)
 
 
 def summary(part):
     return len(part), list(part[:5]), list(part[-5:]), int(sum(part))
 
 
-@pytest.mark.parametrize('n, parts', [*HPT_SPLITS.items(), *{
-    12: HPT_SPLIT_12, 16: HPT_SPLIT_16, 3: HPT_SPLIT_3}.items()])
-def test_wos_split_equals_hpt(n, parts):  # a list of at most 10 is compared whole
+@pytest.mark.parametrize('n, parts', HPT_SPLITS.items())
+def test_wos_split_equals_hpt(n, parts):
     got = data.wos_split(n)
     assert [summary(p) for p in got] == [p if isinstance(p, tuple) else summary(p) for p in parts]
     assert sorted(np.concatenate(got).tolist()) == list(range(n))  # disjoint and covering
-
-
 
 
 # (Y1, Y2, Domain, area, Abstract, the abstract cleaned by hand as HPT's clean_str, its HPT area).
@@ -195,8 +188,8 @@ def test_load_wos_each_form_as_hpt(tmp_path, form):
     assert h.depth == [1] * 3 + [2] * 7 and h.parent == [-1, -1, -1, 0, 1, 0, 1, 2, 1, 1]
     docs = [(clean, [WOS_LABELS.index(dom.strip()), WOS_LABELS.index(area)])
             for _, _, dom, _, _, clean, area in WOS_ROWS]
-    assert splits == {s: [docs[i] for i in idx] for s, idx in zip(('train', 'dev', 'test'),
-                                                                   HPT_SPLIT_16)}
+    assert splits == {s: [docs[i] for i in idx]
+                      for s, idx in zip(('train', 'dev', 'test'), HPT_SPLITS[16])}
 
 
 @pytest.mark.parametrize('rows, labels, names, docs', [
@@ -215,7 +208,7 @@ def test_load_wos_area_names(tmp_path, rows, labels, names, docs):
     h, splits = data.load_wos(str(tmp_path))
     assert h.labels == labels and h.names == (names or labels)
     assert splits == {s: [(f'text {i}', docs[i]) for i in idx]
-                      for s, idx in zip(('train', 'dev', 'test'), HPT_SPLIT_3)}
+                      for s, idx in zip(('train', 'dev', 'test'), HPT_SPLITS[3])}
 
 
 def test_clean_str_by_hand():
@@ -238,8 +231,7 @@ def bad_field(lines):
     (lambda ls: [ls[0].replace('Domain', 'Dom')] + ls[1:], ':1: expected the header Y1 Y2 Y'),
 ])
 def test_load_wos_table_errors(tmp_path, edit, message):
-    lines = edit(['\t'.join(r) for r in wos_table()])
-    path = write_lines(tmp_path / 'Data.txt', lines)
+    path = write_lines(tmp_path / 'Data.txt', edit(['\t'.join(r) for r in wos_table()]))
     assert error(lambda: data.load_wos(str(tmp_path))).startswith(path + message)
 
 
@@ -249,17 +241,13 @@ class Site(BaseHTTPRequestHandler):
 
     def do_GET(self):
         Site.agents.append(self.headers['User-Agent'])
-        if self.path == '/moved':
-            self.send_response(302)
-            self.send_header('Location', '/zip')
-            self.end_headers()
-            return
-        code, kind, body = {'/refused': (403, 'text/plain', b'no'),
+        code, kind, body = {'/refused': (403, 'text/plain', b'no'), '/moved': (302, '', b''),
                             '/html': (200, 'text/html', b'<html>sign in</html>'),
                             '/zip': (200, 'application/zip', Site.archive)}[self.path]
         self.send_response(code)
-        self.send_header('Content-Type', kind)
-        self.send_header('Content-Length', str(len(body)))
+        for name, value in (('Location', '/zip'), ('Content-Type', kind),
+                            ('Content-Length', str(len(body)))):
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(body)
 
@@ -277,6 +265,7 @@ def site(monkeypatch):
     yield f'http://127.0.0.1:{server.server_address[1]}'
     server.shutdown()
     server.server_close()
+
 
 @pytest.mark.parametrize('urls, failures', [
     (('/refused', '/moved'), None),  # the second, through a redirect
@@ -322,7 +311,6 @@ def write_hiagm(folder, train_lines=None, val_lines=None, test_lines=None):
     return folder
 
 
-
 def test_load_hiagm_keeps_and_counts_empty_texts_and_unlabelled(tmp_path, capsys):
     h, splits = data.load_data(str(write_hiagm(tmp_path / 'a')))
     assert h.labels == ['CCAT', 'GCAT', 'C15', 'C17', 'C151']
@@ -339,6 +327,8 @@ def test_load_hiagm_keeps_and_counts_empty_texts_and_unlabelled(tmp_path, capsys
     assert splits['test'] == [('x', [1]), ('x', [])]
     assert capsys.readouterr().err == (f'warning: {folder}: train 2 empty texts, 1 without labels; '
                                        'test 0 empty texts, 1 without labels (kept)\n')
+    assert error(lambda: data.load_data('demo', str(tmp_path))) == \
+        f'--data-dir {tmp_path}: --data demo is built in and reads no folder'
 
 
 def latin1(line):
@@ -365,6 +355,7 @@ GOOD = json.dumps({'token': 'x', 'label': ['GCAT']})
     ('toy_val.json', [json.dumps({'token': 'x', 'label': []})] * 2,
      ': no document has a label (the dev split)'),
     ('toy_test.json', [''], ': no documents (the test split may not be empty)'),
+    ('label_names.tsv', ['CCAT\tCorporate', 'C15'], ':2: expected code<TAB>name'),
     ('toy_train.json', latin1(3), ':3: not UTF-8'), ('toy_val.json', latin1(1), ':1: not UTF-8'),
     ('toy.taxonomy', latin1(2), ':2: not UTF-8'), ('label_names.tsv', latin1(2), ':2: not UTF-8'),
 ])
@@ -375,48 +366,44 @@ def test_load_hiagm_errors_name_file_and_line(tmp_path, name, lines, message):
     (folder / name).write_bytes(''.join(f'{s}\n' for s in lines).encode('utf-8', 'surrogateescape'))
     assert error(lambda: data.load_data(str(folder))).startswith(
         f'{folder / name}{message.format(f=folder)}')
-    assert error(lambda: data.load_data('demo', str(tmp_path))) == \
-        f'--data-dir {tmp_path}: --data demo is built in and reads no folder'
 
 
-def write_hpt_wos(folder, train_labels=([0, 2], [1, 3])):
-    """A folder as HPT's preprocess_wos.py + data_wos.py leave it (their own names and formats)."""
+def write_hpt_folder(folder, taxonomy, value_dict, splits):
+    """A folder as HPT's data_*.py leave it: label ids, value_dict.pt (id -> name)."""
     folder.mkdir(parents=True)
-    write_lines(folder / 'wos.taxnomy', ['Root\tCS\tMedical', 'CS\tMachine learning',
-                                         'Medical\tHIV/AIDS'])
-    torch.save({0: 'CS', 1: 'Medical', 2: 'Machine learning', 3: 'HIV/AIDS'},
-               folder / 'value_dict.pt')
-    write_lines(folder / 'WebOfScience_train.json', [
-        json.dumps({'token': f'doc {i}', 'label': list(l)}) for i, l in enumerate(train_labels)])
-    write_lines(folder / 'WebOfScience_dev.json', [json.dumps({'token': "it 's dev",
-                                                               'label': [1, 3]})])
-    write_lines(folder / 'WebOfScience_test.json', [json.dumps({'token': 'test', 'label': [3]})])
-    # preprocess_wos.py's own files lie beside them, label names instead of ids: not read
+    write_lines(folder / taxonomy[0], taxonomy[1:])
+    torch.save(dict(enumerate(value_dict)), folder / 'value_dict.pt')
+    for split, docs in splits.items():
+        write_lines(folder / f'{folder.name}_{split}.json', [
+            json.dumps({'token': text, 'label': labels}) for text, labels in docs])
+    return folder
+
+
+def write_hpt_wos(folder):
+    """HPT's WOS folder (wos.taxnomy is HPT's spelling), beside preprocess_wos.py's own files,
+    which hold label names instead of ids and are not read."""
+    write_hpt_folder(folder, ['wos.taxnomy', 'Root\tCS\tMedical', 'CS\tMachine learning',
+                              'Medical\tHIV/AIDS'], ['CS', 'Medical', 'Machine learning',
+                                                     'HIV/AIDS'],
+                     {'train': [('doc 0', [0, 2]), ('doc 1', [1, 3])],
+                      'dev': [("it 's dev", [1, 3])], 'test': [('test', [3])]})
     for name in ('wos_total.json', 'wos_train.json', 'wos_val.json', 'wos_test.json'):
         write_lines(folder / name, [json.dumps({'doc_token': 'o', 'doc_label': ['CS', 'Medical']})])
     return folder
 
 
-def test_load_hiagm_reads_hpt_wos_folder(tmp_path):
+def test_load_hiagm_reads_hpt_folders(tmp_path):
     h, splits = data.load_hiagm(str(write_hpt_wos(tmp_path / 'WebOfScience')))
     assert h.labels == ['CS', 'Medical', 'Machine learning', 'HIV/AIDS']  # the taxonomy's order
     assert h.names == ['CS', 'Medical', 'Machine learning', 'HIV/AIDS']  # value_dict's, not 'AIDS'
     assert splits == {'train': [('doc 0', [0, 2]), ('doc 1', [1, 3])],
                       'dev': [("it 's dev", [1, 3])], 'test': [('test', [1, 3])]}  # closed upward
-
-
-def test_load_hiagm_reads_hpt_nyt_folder(tmp_path):
     # data_nyt.py: value_dict keeps a path's last part; 'Arts' is two labels, told apart by parent
-    folder = tmp_path / 'nyt'
-    folder.mkdir()
-    write_lines(folder / 'nyt.taxonomy', ['Root\tTop/News\tTop/Features',
-                                          'Top/News\tTop/News/Arts\tTop/News/World',
-                                          'Top/Features\tTop/Features/Arts'])
-    torch.save({0: 'News', 1: 'Arts', 2: 'Features', 3: 'Arts', 4: 'World'},
-               folder / 'value_dict.pt')
-    for split, labels in (('train', [[0, 1], [2, 3]]), ('dev', [[0, 4]]), ('test', [[2, 3, 0, 4]])):
-        write_lines(folder / f'nyt_{split}.json', [json.dumps({'token': f'{split} {i}', 'label': l})
-                                                   for i, l in enumerate(labels)])
+    folder = write_hpt_folder(tmp_path / 'nyt', [
+        'nyt.taxonomy', 'Root\tTop/News\tTop/Features', 'Top/News\tTop/News/Arts\tTop/News/World',
+        'Top/Features\tTop/Features/Arts'], ['News', 'Arts', 'Features', 'Arts', 'World'],
+        {'train': [('train 0', [0, 1]), ('train 1', [2, 3])], 'dev': [('dev 0', [0, 4])],
+         'test': [('test 0', [2, 3, 0, 4])]})
     h, splits = data.load_hiagm(str(folder))
     assert h.labels == ['Top/News', 'Top/Features', 'Top/News/Arts', 'Top/News/World',
                         'Top/Features/Arts']
@@ -429,6 +416,7 @@ def test_load_hiagm_reads_hpt_nyt_folder(tmp_path):
         f"{folder / 'value_dict.pt'}: id 1 ('Arts') may be any of ['Top/News/Arts', "
         "'Top/Features/Arts']")
 
+
 @pytest.mark.parametrize('edit, message', [
     (lambda f: write_lines(f / 'WebOfScience_train.json', ['{"token": "x", "label": [1, 9]}']),
      "{f}/WebOfScience_train.json:1: label 9 is neither a label of {f}/wos.taxnomy nor an id in "
@@ -438,12 +426,13 @@ def test_load_hiagm_reads_hpt_nyt_folder(tmp_path):
      "{f}/value_dict.pt: id 2 ('Deep learning') names no label of {f}/wos.taxnomy"),
     (lambda f: (f / 'value_dict.pt').write_bytes(b'not a torch file'),
      '{f}/value_dict.pt: not readable by torch.load'),
+    (lambda f: torch.save({'0': 'CS'}, f / 'value_dict.pt'),
+     '{f}/value_dict.pt: expected a dict of label id (int) -> name (str)'),
 ])
 def test_load_hiagm_value_dict_errors(tmp_path, edit, message):
     folder = write_hpt_wos(tmp_path / 'WebOfScience')
     edit(folder)
     assert error(lambda: data.load_hiagm(str(folder))).startswith(message.format(f=folder))
-
 
 
 # -----------------------------------------------------------------------------
@@ -475,7 +464,6 @@ def saved(tmp_path_factory):
 
 @pytest.mark.parametrize('arch', ['prompt', 'bert'])
 def test_checkpoint_round_trip_without_pickle_in_the_umask_modes(tmp_path, monkeypatch, arch):
-    import pickle
     model, tok = tiny(arch)
     tokens, _ = lhmix.tokenize(tok, TEXTS * 3, 50)
     before = lhmix.score_documents(model, tokens)
@@ -490,15 +478,10 @@ def test_checkpoint_round_trip_without_pickle_in_the_umask_modes(tmp_path, monke
     finally:
         os.umask(old)
     assert os.stat(folder / 'config.json').st_ino == config.st_ino  # written once, with the folder
-    files = ['config.json', 'model.safetensors', 'tokenizer.json', 'tokenizer_config.json']
     modes = {os.path.relpath(p, tmp_path): os.stat(p).st_mode & 0o777 for p in (
         os.path.join(d, f) for d, dirs, fs in os.walk(tmp_path) for f in dirs + fs)}
-    assert modes == {'ck': 0o750, 'sub': 0o750, 'sub/m.json': 0o640,
-                     **{f'ck/{f}': 0o640 for f in files}}  # the replaced weights too
-    for mod, name in ((torch, 'load'), (pickle, 'load'), (pickle, 'loads')):
-        monkeypatch.setattr(mod, name, lambda *a, **k: pytest.fail('pickle used'))
-    assert sorted(os.listdir(folder)) == ['config.json', 'model.safetensors', 'tokenizer.json',
-                                          'tokenizer_config.json']
+    assert modes == {'ck': 0o750, 'sub': 0o750, 'sub/m.json': 0o640, **{f'ck/{f}': 0o640 for f in (
+        'config.json', 'model.safetensors', 'tokenizer.json', 'tokenizer_config.json')}}
     for mod, name in ((torch, 'load'), (pickle, 'load'), (pickle, 'loads')):
         monkeypatch.setattr(mod, name, lambda *a, **k: pytest.fail('pickle used'))
     loaded, tok2, meta = data.load_checkpoint(str(folder))
@@ -513,13 +496,12 @@ def test_checkpoint_round_trip_without_pickle_in_the_umask_modes(tmp_path, monke
     assert all(torch.equal(v, want[k]) for k, v in loaded.state_dict().items())
     emb, dec = loaded.mlm.get_input_embeddings(), loaded.mlm.get_output_embeddings()
     assert dec.weight is emb.weight  # still tied: training one trains the other
+    assert 'mlm.cls.predictions.decoder.weight' not in load_file(folder / data.WEIGHTS)  # once
     after = lhmix.score_documents(loaded, tokens)
     assert np.array_equal(before, after) and (before > 0).any() and not (before > 0).all()
 
 
-
 def _drop_a_weight(path):
-    from safetensors.torch import load_file, safe_open, save_file
     with safe_open(path, 'pt') as f:
         meta = f.metadata()
     tensors = load_file(path)
@@ -529,25 +511,20 @@ def _drop_a_weight(path):
 
 def _auto_map(name):
     def damage(path):
-        with open(path.parent / name) as f:
-            config = json.load(f)
+        config = json.loads((path.parent / name).read_text())
         write_lines(path.parent / name, [json.dumps({**config, 'auto_map': {'AutoModel': 'x.M'}})])
     return damage
 
 
-def _size_of(path, n):
-    with open(path, 'r+b') as f:
-        f.truncate(n or os.path.getsize(path) // 2)
+CORRUPT = '{c}: unreadable, truncated or corrupt ('
 
 
 @pytest.mark.parametrize('damage, ask, message', [
-    (lambda p: _size_of(p, 0), None, '{c}: unreadable, truncated or corrupt (SafetensorError: '),
-    (lambda p: p.write_bytes(b'{}}}' + p.read_bytes()[4:]), None, '{c}: unreadable, truncated or '
-     'corrupt (SafetensorError: '),  # a garbled header
-    (lambda p: save_file(load_file(p), p), None,  # no metadata
-     '{c}: unreadable, truncated or corrupt (TypeError: '),
-    (_drop_a_weight, None, '{c}: unreadable, truncated or corrupt (ValueError: weights missing: '
-     "['label_bias']"),
+    (lambda p: os.truncate(p, 0), None, CORRUPT + 'SafetensorError: '),
+    (lambda p: p.write_bytes(b'{}}}' + p.read_bytes()[4:]), None,
+     CORRUPT + 'SafetensorError: '),  # a garbled header
+    (lambda p: save_file(load_file(p), p), None, CORRUPT + 'TypeError: '),  # no metadata
+    (_drop_a_weight, None, CORRUPT + "ValueError: weights missing: ['label_bias']"),
     (os.remove, None, '{c}: not an LH-Mix checkpoint (no model.safetensors)'),
     (lambda p: os.remove(p.parent / 'tokenizer.json'), None,
      '{c}: not an LH-Mix checkpoint (no tokenizer.json)'),
@@ -610,7 +587,6 @@ def test_kill_during_save_leaves_the_old_checkpoint(saved, tmp_path, monkeypatch
     assert [data.load_checkpoint(str(f))[2]['epoch'] for f in (folder, tmp_path / 'new')] == [8, 8]
 
 
-# -----------------------------------------------------------------------------
 # -----------------------------------------------------------------------------
 # A file that cannot be read (as root: without the capabilities that override permissions):
 # Python's own error, naming the file and why, is what train.py and evaluate.py print
