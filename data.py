@@ -87,7 +87,7 @@ def hpt_areas(rows):
 
 
 def _xlsx_rows(data):
-    """Rows of the first sheet of an .xlsx file (bytes), with the standard library only."""
+    """Rows of the first sheet of an .xlsx file (bytes), with the standard library."""
     ns = '{http://schemas.openxmlformats.org/spreadsheetml/2006/main}'
     with zipfile.ZipFile(io.BytesIO(data)) as z:
         names = z.namelist()
@@ -124,8 +124,8 @@ def _data_xlsx(archive):
 
 
 def _download_wos(path):
-    """WebOfScience.zip from the first of WOS_URLS that gives a zip holding Meta-data/Data.xlsx
-    (Mendeley answers a script's own User-Agent with a sign-in page)."""
+    """From the first of WOS_URLS that gives the zip (Mendeley answers a script's own User-Agent
+    with a sign-in page)."""
     import http.client
     import urllib.request
     failed = []
@@ -155,15 +155,16 @@ def load_wos(folder):
     if os.path.exists(txt):
         source, rows = txt, [(n, line.split('\t')) for n, line in read_lines(txt) if line.strip()]
     else:
-        source = xlsx
-        if not os.path.exists(xlsx):
+        if os.path.exists(xlsx):
+            source, blob = xlsx, Path(xlsx).read_bytes()
+        else:
             if not os.path.exists(archive):
                 _download_wos(archive)
             found = _data_xlsx(Path(archive).read_bytes())
             if found is None:
                 raise ValueError(f'{archive}: not a zip holding Meta-data/Data.xlsx')
-            source, xlsx = f'{archive}:{found[0]}', found[1]
-        rows = list(enumerate(_xlsx_rows(xlsx if source != xlsx else Path(xlsx).read_bytes()), 1))
+            source, blob = f'{archive}:{found[0]}', found[1]
+        rows = list(enumerate(_xlsx_rows(blob), 1))
     header = [c.strip() for c in rows[0][1]] if rows else []
     if header[:7] != ['Y1', 'Y2', 'Y', 'Domain', 'area', 'keywords', 'Abstract']:
         raise ValueError(f'{source}:1: expected the header Y1 Y2 Y Domain area keywords '
@@ -216,10 +217,9 @@ def read_taxonomy(path, names=None):
 
 
 def load_hiagm(folder):
-    """HiAGM's format: *_train.json, *_dev.json (or *_val.json), *_test.json (a JSON object a line:
-    `token` or `doc_token`, `label` or `doc_label`), one *.taxonomy (HPT's WOS: wos.taxnomy), and
-    optionally label_names.tsv (code<TAB>readable name). HPT's data_*.py write label ids instead,
-    with value_dict.pt (id -> name) beside them. Labels are closed upward."""
+    """HiAGM's format: *_train.json, *_dev.json (or *_val.json), *_test.json (a JSON object a line),
+    one *.taxonomy (HPT's WOS: wos.taxnomy), optionally label_names.tsv (code<TAB>readable name).
+    HPT's data_*.py write label ids, with value_dict.pt (id -> name). Labels are closed upward."""
     if not os.path.isdir(folder):
         raise ValueError(f'data folder {folder!r} does not exist')
     files = sorted(os.listdir(folder))
@@ -281,7 +281,6 @@ def load_hiagm(folder):
 
 
 def _load_value_dict(path):
-    """HPT's value_dict.pt: torch.save of a dict label id -> name."""
     with open(path, 'rb') as f:  # what cannot be read is Python's own error
         try:
             d = torch.load(f, weights_only=True)
@@ -296,10 +295,10 @@ def _load_value_dict(path):
 
 
 def resolve_ids(value_dict, parents, doc_labels, ids_file, taxonomy):
-    """The taxonomy label of each id used in `doc_labels`. HPT's value_dict names are the taxonomy's
-    labels (WOS, RCV1) or, for NYT, their last part ('Top/News/World' -> 'World'). A last part
-    shared by several labels is told apart by the parent: HPT labels a NYT document with every
-    prefix of its path, so every document holding the id also holds its parent's name."""
+    """The taxonomy label of each id in `doc_labels`. HPT's value_dict names the taxonomy's labels
+    (WOS, RCV1) or, for NYT, their last part ('Top/News/World' -> 'World'). A last part shared by
+    several labels is told apart by the parent: HPT labels a NYT document with every prefix of its
+    path, so every document holding the id also holds its parent's name."""
     def last(v):
         return value_dict[v] if type(v) is int else v.rsplit('/', 1)[-1]
     out = {}
@@ -308,10 +307,11 @@ def resolve_ids(value_dict, parents, doc_labels, ids_file, taxonomy):
         found = [name] if name in parents else [v for v in parents if last(v) == name]
         if not found:
             raise ValueError(f'{ids_file}: id {i} ({name!r}) names no label of {taxonomy}')
-        docs = [{last(v) for v in labels} for labels in doc_labels if i in labels] * (
-            len(found) > 1)
-        placed = [c for c in found if parents[c] == 'Root' or all(last(parents[c]) in d
-                                                                   for d in docs)]
+        placed = found
+        if len(found) > 1:
+            docs = [{last(v) for v in labels} for labels in doc_labels if i in labels]
+            placed = [c for c in found if parents[c] == 'Root'
+                      or all(last(parents[c]) in d for d in docs)]
         if len(placed) != 1:
             raise ValueError(f'{ids_file}: id {i} ({name!r}) may be any of {found} ({taxonomy}): '
                              "not one of them has its parent's name on every document with this id")
@@ -329,8 +329,8 @@ business/finance/markets business/retail'''  # the path of each leaf
 
 
 def load_demo(seed=0, sizes=(1200, 300, 300)):
-    """A small synthetic set: each document draws words from its topics' word lists and a shared
-    background, and one in five lies on two paths."""
+    """Each document draws words from its topics' word lists and a shared background; one in five
+    lies on two paths."""
     leaves = [path.split('/') for path in DEMO.split()]
     parents = {}
     for path in leaves:
@@ -356,7 +356,7 @@ def load_demo(seed=0, sizes=(1200, 300, 300)):
 
 def load_data(name, data_dir=None):
     """'wos', 'nyt', 'rcv1', 'demo', or a HiAGM-format folder -> (Hierarchy, {split: [(text, label
-    ids)]}). Empty texts and documents without labels are kept, and counted on stderr."""
+    ids)]}). Empty texts and unlabelled documents are kept, and counted on stderr."""
     if name == 'demo':
         if data_dir:
             raise ValueError(f'--data-dir {data_dir}: --data demo is built in and reads no folder')
@@ -375,7 +375,7 @@ def load_data(name, data_dir=None):
 # The pretrained model a run starts from
 
 def tiny_bert(texts, max_words=8000):
-    """A 2-layer, 128-wide BERT with a word-level vocabulary of `texts` (no download)."""
+    """A 2-layer, 128-wide BERT with the words of `texts` as vocabulary (no download)."""
     from transformers import AutoModelForMaskedLM, BertConfig, BertTokenizerFast
     counts = Counter(w for t in texts for w in re.findall(r"\w+|[^\w\s]", t.lower()))
     vocab = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] + [
@@ -390,22 +390,20 @@ def tiny_bert(texts, max_words=8000):
 
 
 def load_pretrained(name):
-    """(fp32 masked LM, tokenizer) of a BERT- or RoBERTa-style model: a local folder or a hub id.
-    Runs no code from the folder (trust_remote_code=False, auto_map refused)."""
+    """(fp32 masked LM, tokenizer) of a BERT- or RoBERTa-style model: a local folder or a hub id."""
     from safetensors import SafetensorError
     from transformers import AutoModelForMaskedLM, AutoTokenizer
     path = os.path.expanduser(name)
-    # what exists, or has a '/' without being a hub id (org/name), can only be a local folder
-    local = os.path.exists(path) or '/' in name and not re.fullmatch(r'\w[\w.-]*/\w[\w.-]*', name)
+    local = os.path.isdir(path)
     if local:
-        if not os.path.isdir(path):
-            raise ValueError(f'--model {name!r}: '
-                             + ('not a folder' if os.path.exists(path) else 'no such folder'))
         name = path
         refuse_remote_code(path)
         for f in os.scandir(path):  # safetensors says 'No such file' of one it may not read
             if f.is_file():
                 open(f.path, 'rb').close()
+    elif os.path.exists(path) or not re.fullmatch(r'\w[\w.-]*(/\w[\w.-]*)?', name):  # no hub id
+        raise ValueError(f'--model {name!r}: '
+                         + ('not a folder' if os.path.exists(path) else 'no such folder'))
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
         mlm = AutoModelForMaskedLM.from_pretrained(name, trust_remote_code=False)
@@ -461,10 +459,9 @@ def _aliases(model):
 
 
 def save_checkpoint(folder, model, tokenizer, info, extra=None):
-    """Saves the checkpoint `folder`: config and tokenizer files when it is made, and each time
-    model.safetensors: the weights, `extra` ({name: tensor}) as extra.<name>, and metadata 'lhmix'
-    (JSON: what rebuilds the LHMix, and `info`). A kill at any instant leaves the old checkpoint or
-    the new one. Non-finite weights: nothing written."""
+    """Config and tokenizer files when `folder` is made; each time, model.safetensors: the weights,
+    `extra` ({name: tensor}) as extra.<name>, metadata 'lhmix' (JSON: what rebuilds the LHMix, and
+    `info`). A kill at any instant leaves the old checkpoint or the new one."""
     from safetensors.torch import save
     bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
     if bad:
@@ -500,8 +497,7 @@ def save_checkpoint(folder, model, tokenizer, info, extra=None):
 
 
 def refuse_remote_code(folder):
-    """`auto_map` in config.json or tokenizer_config.json asks transformers to run Python files
-    from the folder: refused, whatever trust_remote_code says."""
+    """`auto_map` in config.json or tokenizer_config.json would run Python files from the folder."""
     for path in (os.path.join(folder, name) for name in ('config.json', 'tokenizer_config.json')):
         try:
             with open(path, encoding='utf-8') as f:
@@ -513,8 +509,8 @@ def refuse_remote_code(folder):
 
 
 def load_checkpoint(folder, device='cpu', hierarchy=None):
-    """(model, tokenizer, meta): meta is the saved info and the model's keys, meta['extra'] the
-    extras. With `hierarchy`, the labels must be the data's. Runs no code from the folder."""
+    """(model, tokenizer, meta): the saved info and model keys, meta['extra'] the extras. With
+    `hierarchy`, the labels must be the data's. Runs no code from the folder."""
     from safetensors import SafetensorError, safe_open
     from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
     if not os.path.isdir(folder):
