@@ -153,9 +153,8 @@ class CUDAGraphs:
 
 
 def make_step(model, opt, graphs, table=None, alpha=None, beta=None):
-    """step(**batch) -> (loss, lambda or None), with no host sync: forward, backward, Adam; as CUDA
-    graphs with `graphs`. LH-Mix's lambda is computed in the step from the `table` rows and the
-    `partner` the batch carries (Eqs. 3-4); vanilla Mixup's batch carries `lam`."""
+    """step(**batch) -> (loss, lambda or None) with no host sync: forward, backward, Adam; as CUDA
+    graphs with `graphs`. Vanilla Mixup's batch carries `lam`; LH-Mix's, `rows` and `partner`."""
     device = next(model.parameters()).device
     # fp16 (GPUs without bf16; no graphs) needs loss scaling; the scale restarts at --resume
     fp16 = device.type == 'cuda' and not torch.cuda.is_bf16_supported()
@@ -240,6 +239,12 @@ def metrics_line(epoch, loss, dev, lam, seconds, n):
     return line
 
 
+def since_best(history):
+    """Epochs since the best dev macro-F1 (the first of equal ones)."""
+    f1 = [h['dev_macro_f1'] for h in history]
+    return len(f1) - 1 - int(np.argmax(f1)) if f1 else 0
+
+
 def put_in_place(new, out, overwrite):
     """The run written whole in `new` becomes `out`. An earlier run there (--overwrite) is renamed
     aside first and removed last: a kill in between leaves both whole. Without --overwrite, a run
@@ -287,9 +292,7 @@ def train(args, given):
         mlm, tokenizer = (data.tiny_bert([t for t, _ in docs] + hierarchy.names)
                           if args.model == 'tiny' else data.load_pretrained(args.model))
         model = lhmix.build_model(mlm, tokenizer, hierarchy, args.arch, args.max_length)
-    f1 = [h['dev_macro_f1'] for h in history]
-    stale = len(f1) - 1 - int(np.argmax(f1)) if f1 else 0  # epochs since the best
-    done = len(history) >= args.epochs or stale >= args.early_stop
+    done = len(history) >= args.epochs or since_best(history) >= args.early_stop
     if done and os.path.exists(os.path.join(out, evaluate.TEST_METRICS)):
         return print(f'--resume: {out} is finished ({len(history)} epochs); nothing to do',
                      file=sys.stderr)
@@ -334,7 +337,7 @@ def train(args, given):
     steps = -(-len(docs) // args.batch)  # one bar for the run (stderr; off when not a terminal)
     with tqdm(total=steps * max(args.epochs - len(history), 0), disable=None) as bar:
         for epoch in range(len(history), args.epochs):
-            if stale >= args.early_stop:
+            if since_best(history) >= args.early_stop:
                 tqdm.write(f'early stop: dev macro-F1 not improved for {args.early_stop} epochs')
                 break
             t0 = time.time()
@@ -347,9 +350,7 @@ def train(args, given):
             if not all(torch.isfinite(p).all() for p in model.parameters()):
                 raise FloatingPointError(f'the weights became infinite or NaN in epoch {epoch} '
                                          '(try a lower --lr); this epoch is not saved')
-            improved = not f1 or dev['macro_f1'] > max(f1)
-            stale = 0 if improved else stale + 1
-            f1.append(dev['macro_f1'])
+            improved = since_best(history) == 0
             # best/ if dev macro-F1 improved, metrics.jsonl, then last/: a kill between them
             # re-runs the epoch at --resume. A new run's first epoch is written whole beside
             # --out, then put in place (over an earlier run only now, with --overwrite).
