@@ -250,12 +250,12 @@ def load_hiagm(folder):
                             ('test', ('_test.json',))):
         path, raw[split] = one(suffixes, '*' + ' or *'.join(suffixes)), []
         for n, line in read_lines(path):
+            if not line.strip():
+                continue
             try:
-                d = json.loads(line) if line.strip() else None
+                d = json.loads(line)
             except ValueError as e:
                 raise ValueError(f'{path}:{n}: malformed JSON ({e.msg})') from None
-            if d is None:
-                continue
             d = d if isinstance(d, dict) else {}
             text, labels = d.get('token', d.get('doc_token')), d.get('label', d.get('doc_label'))
             if isinstance(text, list) and all(isinstance(w, str) for w in text):

@@ -382,9 +382,9 @@ def write_hpt_folder(folder, taxonomy, value_dict, splits):
 def write_hpt_wos(folder):
     """HPT's WOS folder (wos.taxnomy is HPT's spelling), beside preprocess_wos.py's own files,
     which hold label names instead of ids and are not read."""
+    labels = ['CS', 'Medical', 'Machine learning', 'HIV/AIDS']
     write_hpt_folder(folder, ['wos.taxnomy', 'Root\tCS\tMedical', 'CS\tMachine learning',
-                              'Medical\tHIV/AIDS'], ['CS', 'Medical', 'Machine learning',
-                                                     'HIV/AIDS'],
+                              'Medical\tHIV/AIDS'], labels,
                      {'train': [('doc 0', [0, 2]), ('doc 1', [1, 3])],
                       'dev': [("it 's dev", [1, 3])], 'test': [('test', [3])]})
     for name in ('wos_total.json', 'wos_train.json', 'wos_val.json', 'wos_test.json'):
@@ -504,15 +504,13 @@ def test_checkpoint_round_trip_without_pickle_in_the_umask_modes(tmp_path, monke
 def _drop_a_weight(path):
     with safe_open(path, 'pt') as f:
         meta = f.metadata()
-    tensors = load_file(path)
-    del tensors['label_bias']
-    save_file(tensors, path, meta)
+    save_file({k: v for k, v in load_file(path).items() if k != 'label_bias'}, path, meta)
 
 
 def _auto_map(name):
     def damage(path):
         config = json.loads((path.parent / name).read_text())
-        write_lines(path.parent / name, [json.dumps({**config, 'auto_map': {'AutoModel': 'x.M'}})])
+        (path.parent / name).write_text(json.dumps({**config, 'auto_map': {'AutoModel': 'x.M'}}))
     return damage
 
 
