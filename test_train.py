@@ -1,9 +1,7 @@
 """Tests of train.py: demo runs end to end, flag and --out errors, --overwrite and --resume,
 interruptions (Ctrl-C, out of memory, disk full, a kill at any instant), CUDA graphs, the README.
-
-Expected values are computed here (F1 counted by hand) or are an uninterrupted run's. Nothing is
-downloaded: the model is the `tiny` BERT, the data the synthetic demo set or files in tmp_path.
-"""
+Expected values are computed here (F1 counted by hand) or are an uninterrupted run's; nothing is
+downloaded (the `tiny` BERT, the synthetic demo set or files in tmp_path)."""
 import errno
 import hashlib
 import json
@@ -76,7 +74,6 @@ def resume(out, *extra):
 # -----------------------------------------------------------------------------
 # End to end on the demo set
 
-
 @pytest.fixture(scope='module')
 def demo_run(tmp_path_factory):
     """One epoch, then --resume up to two; and two epochs in one go."""
@@ -148,7 +145,6 @@ def test_one_epoch_variants_and_dev_f1_by_hand(tmp_path, arch, mix):
 # -----------------------------------------------------------------------------
 # Bad flags and bad data: one error line, nothing written
 
-
 @pytest.mark.parametrize('flags, message', [
     (['--alpha', '0'], '--alpha must be a finite number > 0, got 0.0'),
     (['--beta', '0.5'], '--beta must be in (0.5, 1], got 0.5'),
@@ -190,7 +186,6 @@ def test_bad_data_and_model_fail_before_writing(tmp_path):
 # -----------------------------------------------------------------------------
 # --out, --overwrite, --resume: only a run is ever replaced or continued
 
-
 @pytest.fixture(scope='module')
 def base_run(tmp_path_factory):
     """--epochs 2, interrupted (Ctrl-C) in epoch 1: last/ holds epoch 0, whose dev macro-F1 is
@@ -214,15 +209,10 @@ def base_run(tmp_path_factory):
     return root / 'run', root / 'done'
 
 
-def copy_run(run, to):
-    shutil.copytree(run, to, symlinks=True)
-    return to
-
-
 def test_resume_keeps_the_runs_epochs_and_arguments_and_says_so(base_run, tmp_path, capsys):
     run, done = base_run
     assert [m['epoch'] for m in read_metrics(done)] == [0, 1]
-    out = copy_run(run, tmp_path / 'run')
+    out = shutil.copytree(run, tmp_path / 'run')
     train.main(['--data', 'demo', '--model', 'bert-base-uncased', '--lr', '0.5', '--device', 'cpu',
                 '--data-dir', str(tmp_path), '--out', str(out), '--resume'])
     err = capsys.readouterr().err
@@ -244,10 +234,10 @@ def make_out(kind, tmp_path, run):
     elif kind in ('file', 'under a file'):
         out.write_text('mine')
     elif kind == 'run':
-        copy_run(run, out)
+        shutil.copytree(run, out)
     elif kind == 'link':
-        out.symlink_to(copy_run(run, tmp_path / 'real'))
-    return out / 'x' if kind == 'under a file' else out
+        out.symlink_to(shutil.copytree(run, tmp_path / 'real'))
+    return {'under a file': out / 'x', 'the repository': HERE}.get(kind, out)
 
 
 @pytest.mark.parametrize('kind, flags, message', [
@@ -260,26 +250,21 @@ def make_out(kind, tmp_path, run):
     ('run', [], '--out {out}: holds an earlier run; continue it with --resume, replace it with '
      '--overwrite, or choose another --out'),
     ('link', ['--overwrite'], '--out {out}: a symbolic link; --overwrite replaces only a real'),
+    ('the repository', ['--overwrite'], '--out {out}: not a train.py run (it holds '),
 ])
 def test_out_refused_before_computing_anything(base_run, tmp_path, monkeypatch, kind, flags,
                                                message):
     out = make_out(kind, tmp_path, base_run[1])
-    before = tree_state(tmp_path)
+    watched = [tmp_path, os.path.join(HERE, '.git', 'HEAD')]  # the repository: its .git too
+    before = [tree_state(p) for p in watched]
     monkeypatch.setattr(data, 'load_data', lambda *a, **k: pytest.fail('computed before checking'))
     msg = error_of(lambda: train.main(FAST + ['--out', str(out), *flags]))
     assert msg.startswith('error: ' + message.format(out=out, tmp=tmp_path)), msg
-    assert tree_state(tmp_path) == before
-
-
-def test_a_non_run_folder_is_refused_even_the_repository(tmp_path):
-    before = tree_state(os.path.join(HERE, '.git', 'HEAD'))
-    msg = error_of(lambda: train.main(FAST + ['--out', HERE, '--overwrite']))
-    assert msg.startswith(f'error: --out {HERE}: not a train.py run (it holds ')
-    assert tree_state(os.path.join(HERE, '.git', 'HEAD')) == before
+    assert [tree_state(p) for p in watched] == before
 
 
 def test_overwrite_replaces_a_run_only_once_the_new_has_an_epoch(base_run, tmp_path, monkeypatch):
-    out = copy_run(base_run[1], tmp_path / 'run')
+    out = shutil.copytree(base_run[1], tmp_path / 'run')
     before = tree_state(out)
     loss = lhmix.training_loss
     with monkeypatch.context() as mp:  # the new run fails in its first epoch: the old one stays
@@ -297,7 +282,7 @@ def test_a_run_another_train_py_wrote_meanwhile_is_left_alone(base_run, tmp_path
 
     def checked_then_another_run_writes(args):
         check(args)
-        copy_run(base_run[1], out)
+        shutil.copytree(base_run[1], out)
     monkeypatch.setattr(train, 'check_out', checked_then_another_run_writes)
     msg = error_of(lambda: train.main(FAST + ['--epochs', '1', '--out', str(out)]))
     assert msg == (f'error: --out {out}: another run has written there since this one started; '
@@ -305,26 +290,26 @@ def test_a_run_another_train_py_wrote_meanwhile_is_left_alone(base_run, tmp_path
     assert tree_state(out) == tree_state(base_run[1]) and os.listdir(tmp_path) == ['run']
 
 
-def test_resume_refuses_changed_training_data(base_run, tmp_path, monkeypatch):
-    out = copy_run(base_run[0], tmp_path / 'run')
-    before, load = tree_state(out), data.load_data
+def _one_document_less(last, mp):
+    load = data.load_data
 
-    def one_document_less(*a, **k):
+    def load_data(*a, **k):
         h, splits = load(*a, **k)
         return h, {**splits, 'train': splits['train'][:-1]}
-    monkeypatch.setattr(data, 'load_data', one_document_less)
-    msg = error_of(lambda: resume(out))
-    assert msg == ("error: --resume: the training documents or their labels of --data demo differ "
-                   "from the run's (12 training documents then, 12 now); start a new run")
-    assert tree_state(out) == before
+    mp.setattr(data, 'load_data', load_data)
 
 
-@pytest.mark.parametrize('name, damage, message', [
-    ('model.safetensors', lambda p: p.write_bytes(p.read_bytes()[:1000]), 'truncated or corrupt'),
-    ('tokenizer.json', os.remove, 'not an LH-Mix checkpoint (no tokenizer.json)')])
-def test_resume_refuses_a_damaged_checkpoint(base_run, tmp_path, name, damage, message):
-    out = copy_run(base_run[0], tmp_path / 'run')
-    damage(out / 'last' / name)
+@pytest.mark.parametrize('damage, message', [
+    (_one_document_less, "error: --resume: the training documents or their labels of --data demo "
+     "differ from the run's (12 training documents then, 12 now); start a new run"),
+    (lambda last, mp: (last / 'model.safetensors').write_bytes(
+        (last / 'model.safetensors').read_bytes()[:1000]), 'truncated or corrupt'),
+    (lambda last, mp: os.remove(last / 'tokenizer.json'),
+     'not an LH-Mix checkpoint (no tokenizer.json)')])
+def test_resume_refuses_changed_data_or_a_damaged_checkpoint(base_run, tmp_path, monkeypatch,
+                                                             damage, message):
+    out = shutil.copytree(base_run[0], tmp_path / 'run')
+    damage(out / 'last', monkeypatch)
     before = tree_state(out)
     assert message in error_of(lambda: resume(out))
     assert tree_state(out) == before
@@ -333,11 +318,8 @@ def test_resume_refuses_a_damaged_checkpoint(base_run, tmp_path, name, damage, m
 # -----------------------------------------------------------------------------
 # Interruptions and failures: one line, nothing half-written, --resume gives the same result
 
-
-def _raise_in_a_batch(exc):
-    def setup(mp):
-        mp.setattr(lhmix, 'make_batch', lambda *a, **k: (_ for _ in ()).throw(exc))
-    return setup
+def _raise(exc):
+    return lambda *a, **k: (_ for _ in ()).throw(exc)
 
 
 def _nan_weights(mp):  # a finite loss, but the epoch ends with NaN weights
@@ -352,22 +334,21 @@ def _nan_weights(mp):  # a finite loss, but the epoch ends with NaN weights
 
 
 def _disk_full(mp):  # as a full disk fails a write, or the fsync that flushes it
-    mp.setattr(os, 'fsync', lambda fd: (_ for _ in ()).throw(OSError(errno.ENOSPC, 'No space '
-                                                                       'left on device')))
+    mp.setattr(os, 'fsync', _raise(OSError(errno.ENOSPC, 'No space left on device')))
 
 
 @pytest.mark.parametrize('setup, fresh, resumed', [
-    (_raise_in_a_batch(KeyboardInterrupt()),
+    (lambda mp: mp.setattr(lhmix, 'make_batch', _raise(KeyboardInterrupt())),
      'interrupted before the first epoch was saved: {out} unchanged',
      'interrupted: resume with --resume'),
-    (_raise_in_a_batch(torch.OutOfMemoryError('CUDA out of memory')),
+    (lambda mp: mp.setattr(lhmix, 'make_batch', _raise(torch.OutOfMemoryError('CUDA OOM'))),
      'error: out of GPU memory at --batch 8; try a smaller --batch', None),
     (_nan_weights, 'error: the weights became infinite or NaN in epoch 0 (try a lower --lr); this '
      'epoch is not saved', None),
     (_disk_full, 'error: {out}: No space left on device', None)])
 def test_failure_leaves_every_file_as_it_was(base_run, tmp_path, monkeypatch, setup, fresh,
                                              resumed):
-    out = copy_run(base_run[0], tmp_path / 'run')
+    out = shutil.copytree(base_run[0], tmp_path / 'run')
     before = tree_state(tmp_path)
     with monkeypatch.context() as mp:
         setup(mp)
@@ -408,7 +389,7 @@ def test_a_kill_at_any_rename_leaves_loadable_checkpoints_and_resume_finishes(ba
     env = {**os.environ, 'OMP_NUM_THREADS': '1', 'HF_HUB_OFFLINE': '1'}
     cases, procs = [('resume', 2), ('resume', 4), ('overwrite', 3), ('overwrite', 7)], []
     for how, n in cases:
-        out = copy_run(base_run[0], tmp_path / f'{how}{n}' / 'run')
+        out = shutil.copytree(base_run[0], tmp_path / f'{how}{n}' / 'run')
         argv = ['--data', 'demo', '--device', 'cpu', '--out', str(out), '--resume'] if how == \
             'resume' else FAST + ['--epochs', '2', '--out', str(out), '--overwrite']
         procs.append(subprocess.Popen([sys.executable, '-c', WRAPPER.format(here=HERE), *argv],
@@ -436,7 +417,6 @@ def test_a_kill_at_any_rename_leaves_loadable_checkpoints_and_resume_finishes(ba
 
 # -----------------------------------------------------------------------------
 # CUDA graphs: steps replayed from graphs give the eager numbers
-
 
 def test_cuda_graphs_unavailable_on_cpu():
     assert train.cuda_graphs_unavailable(torch.device('cpu')) == 'not a CUDA device'
@@ -491,7 +471,6 @@ def test_cuda_graph_steps_match_eager_on_gpu_bf16(mix):
 
 # -----------------------------------------------------------------------------
 # The README's Python examples run as written
-
 
 def readme_python_blocks():
     with open(os.path.join(HERE, 'README.md'), encoding='utf-8') as f:
