@@ -86,7 +86,7 @@ def demo_run(tmp_path_factory):
     return root / 'run', first, root / 'straight'
 
 
-def test_metrics_and_resume_equal_to_an_uninterrupted_run(demo_run):
+def test_metrics_resume_and_evaluate_py_agree(demo_run, tmp_path):
     out, first, straight = demo_run
     metrics = read_metrics(out)
     assert [m['epoch'] for m in metrics] == [0, 1] and metrics[:1] == first
@@ -102,13 +102,8 @@ def test_metrics_and_resume_equal_to_an_uninterrupted_run(demo_run):
     assert {'table', 'rows'} <= set(meta['extra']) and len(meta['history']) == 2
     assert any(k.startswith('adam.') for k in meta['extra'])
     assert results(out) == results(straight)  # per-epoch random streams
-
-
-def test_evaluate_reproduces_test_metrics(demo_run, tmp_path):
-    out = demo_run[0]
     evaluate.main(['--ckpt', str(out / 'best'), '--data', 'demo', '--device', 'cpu', '--out',
                    str(tmp_path / 'e.json'), '--save-predictions', str(tmp_path / 'p.jsonl')])
-    _, test = results(out)
     with open(tmp_path / 'e.json') as f:
         ev = json.load(f)
     assert all(ev[k] == test[k] for k in ('micro_f1', 'macro_f1', 'per_depth', 'by_frequency'))
