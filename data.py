@@ -148,8 +148,8 @@ def _download_wos(path):
 
 def load_wos(folder):
     """WOS-46985 as HPT's preprocess_wos.py + data_wos.py build it, from Data.txt, Data.xlsx or
-    WebOfScience.zip (downloaded if none is there): labels Domain -> area; ids: domains, then
-    areas, in order of first appearance as data_wos.py numbers them."""
+    WebOfScience.zip (downloaded if none is there): text clean_str(Abstract), labels Domain ->
+    area, ids: domains, then areas, in order of first appearance as data_wos.py numbers them."""
     txt, xlsx, archive = (os.path.join(folder, f) for f in
                           ('Data.txt', 'Data.xlsx', 'WebOfScience.zip'))
     if os.path.exists(txt):
@@ -254,7 +254,7 @@ def load_hiagm(folder):
                 continue
             try:
                 d = json.loads(line)
-            except ValueError as e:
+            except json.JSONDecodeError as e:
                 raise ValueError(f'{path}:{n}: malformed JSON ({e.msg})') from None
             d = d if isinstance(d, dict) else {}
             text, labels = d.get('token', d.get('doc_token')), d.get('label', d.get('doc_label'))
