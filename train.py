@@ -25,7 +25,7 @@ import evaluate
 import lhmix
 
 # -----------------------------------------------------------------------------
-# Defaults, each from its source. The paper (Sec. 5.1) gives the model, Adam's learning rate, the
+# Defaults, each from its source. The paper (Sec. 5.2) gives the model, Adam's learning rate, the
 # warm-up and the early stopping; for alpha, beta only grids (Fig. 5: one varied, the other at 1).
 DEFAULTS = dict(
     model='bert-base-uncased',  # the paper
