@@ -482,7 +482,8 @@ def test_checkpoint_round_trip_without_pickle_in_the_umask_modes(tmp_path, monke
         os.path.join(d, f) for d, dirs, fs in os.walk(tmp_path) for f in dirs + fs)}
     # transformers 4.x also writes vocab.txt and special_tokens_map.json: the same modes
     assert {'ck/config.json', 'ck/model.safetensors', 'ck/tokenizer.json'} <= modes.keys()
-    assert modes == {'ck': 0o750, 'sub': 0o750, **dict.fromkeys(modes.keys() - {'ck', 'sub'}, 0o640)}
+    files = dict.fromkeys(modes.keys() - {'ck', 'sub'}, 0o640)
+    assert modes == {'ck': 0o750, 'sub': 0o750, **files}
     for mod, name in ((torch, 'load'), (pickle, 'load'), (pickle, 'loads')):
         monkeypatch.setattr(mod, name, lambda *a, **k: pytest.fail('pickle used'))
     loaded, tok2, meta = data.load_checkpoint(str(folder))
