@@ -31,7 +31,7 @@ def f1_scores(predictions, gold, num_labels, labels=None):
     P, G = matrix(predictions), matrix(gold)
     if labels is not None:
         P, G = P[:, labels], G[:, labels]
-    # F1 = 2PR / (P + R) = 2 tp / (predicted + gold), 0 where a label is neither
+    # F1 = 2PR / (P + R) = 2 tp / (predicted + gold)
     tp, n = 2 * (P & G).sum(0).astype(float), (P.sum(0) + G.sum(0)).astype(float)
     per_label = np.divide(tp, n, out=np.zeros_like(tp), where=n > 0)
     return {'micro_f1': float(tp.sum() / n.sum() if n.sum() else 0),
@@ -45,14 +45,10 @@ def report(pred, gold, hierarchy, train_labels):
 
     counts = np.bincount([v for ls in train_labels for v in ls], minlength=len(hierarchy))
     quartiles = np.array_split(np.argsort(counts, kind='stable'), 4)
-    return {**f1(), 'per_depth': {d: f1(ls, labels=len(ls))
-                                  for d, ls in enumerate(hierarchy.by_depth, 1)},
-            'by_frequency': [f1(ls, quartile=q, labels=len(ls), train_docs_min=int(min(counts[ls])),
-                                train_docs_max=int(max(counts[ls])))
-                             for q, ls in enumerate(quartiles, 1)]}
-
-
-# Classifying raw texts
+    per_depth = {d: f1(ls, labels=len(ls)) for d, ls in enumerate(hierarchy.by_depth, 1)}
+    by_frequency = [f1(ls, quartile=q, labels=len(ls), train_docs_min=int(min(counts[ls])),
+                       train_docs_max=int(max(counts[ls]))) for q, ls in enumerate(quartiles, 1)]
+    return {**f1(), 'per_depth': per_depth, 'by_frequency': by_frequency}
 
 
 def classify(model, tokenizer, texts):
@@ -89,7 +85,6 @@ def texts_main(args, device):
 
 
 def read_predictions(path, hierarchy, n):
-    """(n, V) bool predictions from lines of {"labels": [label name, ...]}, one per document."""
     lines = [(number, line) for number, line in data.read_lines(path) if line.strip()]
     if len(lines) != n:
         raise ValueError(f'{path}: {len(lines)} predictions for {n} documents')
@@ -115,15 +110,17 @@ def check_output(path, flag, ckpt):
         raise ValueError(f'{flag} {path}: is inside the checkpoint folder {ckpt} being read')
     if os.path.isdir(path):
         raise ValueError(f'{flag} {path}: is a folder, not a file')
+    if not os.path.exists(path):
+        return
     start = '{\n "micro_f1": ' if flag == '--out' else '{"labels": ['  # as `flag` writes it
     try:
         with open(path, encoding='utf-8') as f:
-            ours = f.read(len(start)) == start
-    except (OSError, ValueError):  # absent, unreadable or not UTF-8
-        ours = False
-    if os.path.exists(path) and not ours:
-        raise ValueError(f'{flag} {path}: exists and is not an earlier {flag} file (remove it or '
-                         'choose another name)')
+            if f.read(len(start)) == start:
+                return
+    except (OSError, ValueError):  # unreadable or not UTF-8
+        pass
+    raise ValueError(f'{flag} {path}: exists and is not an earlier {flag} file (remove it or '
+                     'choose another name)')
 
 
 def score_main(args, device):
@@ -158,8 +155,8 @@ def score_main(args, device):
 
 
 def summary(run_dirs):
-    """Each run once, grouped by the arguments that change the result (train.py saves them with
-    the test figures): n, mean +- sd, Welch's p against the first group, Fig. 6's means."""
+    """Each run once, grouped by the arguments train.py saved that change the result: n,
+    mean +- sd, Welch's p against the first group, Fig. 6's means."""
     groups = {}
     for run in dict.fromkeys(os.path.realpath(r) for r in run_dirs):
         path = os.path.join(run, TEST_METRICS)
@@ -241,11 +238,7 @@ def similar_main(args, device):
     print(f'{kept} of the top {k} after training were in the top {k} at initialisation')
 
 
-# Command line
-
-
 def parse_device(parser, name):
-    """The torch.device of --device NAME (default: cuda if there is one), or the parser's error."""
     try:
         device = torch.device(name or ('cuda' if torch.cuda.is_available() else 'cpu'))
     except RuntimeError:
@@ -283,7 +276,7 @@ def main(argv=None):
     except BrokenPipeError:  # `evaluate.py ... | head -2`: the reader has all it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
-    except OSError as e:  # what the OS refused: the file and the reason
+    except OSError as e:
         sys.exit(f'error: {e.filename}: {e.strerror}' if e.filename else f'error: {e}')
     except ValueError as e:  # a user's mistake: one line
         sys.exit('error: ' + str(e).replace('\n', ' '))
