@@ -155,8 +155,8 @@ def score_main(args, device):
 
 
 def summary(run_dirs):
-    """Each run once, grouped by the arguments train.py saved that change the result: n,
-    mean +- sd, Welch's p against the first group, Fig. 6's means."""
+    """Each run once, grouped by setting: n, mean +- sd, Welch's p against the first group and
+    Fig. 6's means."""
     groups = {}
     for run in dict.fromkeys(os.path.realpath(r) for r in run_dirs):
         path = os.path.join(run, TEST_METRICS)
