@@ -24,8 +24,8 @@ def _lines(text):
 
 
 def read_lines(path):
-    """[(line number, line)] of a UTF-8 file (`-`: stdin), without a BOM. Python's own
-    UnicodeDecodeError names no line: this one does."""
+    """[(line number, line)] of a UTF-8 file (`-`: stdin), without a BOM. Unlike Python's own, its
+    UnicodeDecodeError names the line."""
     raw = sys.stdin.buffer.read() if path == '-' else Path(path).read_bytes()
     try:
         lines = _lines(raw.decode('utf-8-sig'))
@@ -72,9 +72,8 @@ def wos_split(n):
 
 
 def hpt_areas(rows):
-    """Each row's area name as preprocess_wos.py gives it: the first name seen so far under the
-    row's code Y1-Y2 that is more frequent in the row's domain over the whole file (HPT hard-codes
-    these counts, `stats`: they are the file's own), else its own."""
+    """Each row's area as preprocess_wos.py names it: the first name seen under the row's code
+    Y1-Y2 that is more frequent in its domain in the file (HPT hard-codes `stats`), else its own."""
     count = Counter((r[3].strip(), r[4].strip()) for r in rows)
     seen, out = {}, []
     for r in rows:
@@ -87,7 +86,7 @@ def hpt_areas(rows):
 
 
 def _xlsx_rows(data):
-    """Rows of the first sheet of an .xlsx file (bytes), with the standard library."""
+    """Rows of the first sheet of an .xlsx file (bytes)."""
     ns = '{http://schemas.openxmlformats.org/spreadsheetml/2006/main}'
     with zipfile.ZipFile(io.BytesIO(data)) as z:
         names = z.namelist()
@@ -124,8 +123,8 @@ def _data_xlsx(archive):
 
 
 def _download_wos(path):
-    """From the first of WOS_URLS that gives the zip (Mendeley answers a script's own User-Agent
-    with a sign-in page)."""
+    """From the first of WOS_URLS that gives the zip (Mendeley answers a script's User-Agent with
+    a sign-in page)."""
     import http.client
     import urllib.request
     failed = []
@@ -149,7 +148,7 @@ def _download_wos(path):
 def load_wos(folder):
     """WOS-46985 as HPT's preprocess_wos.py + data_wos.py build it, from Data.txt, Data.xlsx or
     WebOfScience.zip (downloaded if none is there): text clean_str(Abstract), labels Domain ->
-    area, ids: domains, then areas, in order of first appearance as data_wos.py numbers them."""
+    area, numbered as data_wos.py does (domains, then areas, by first appearance)."""
     txt, xlsx, archive = (os.path.join(folder, f) for f in
                           ('Data.txt', 'Data.xlsx', 'WebOfScience.zip'))
     if os.path.exists(txt):
@@ -181,9 +180,8 @@ def load_wos(folder):
     domains = list(dict.fromkeys(d for d, _ in pairs))
     areas = list(dict.fromkeys(pairs))
     owners = Counter(a for _, a in areas)
-    # data_wos.py keys labels by name; a name under two domains (or a domain's name) would be one
-    # label with two parents there, which is no tree: such an area keeps its domain in its key.
-    # The full WOS file has none, so its labels are exactly HPT's.
+    # data_wos.py keys labels by name: an area name under two domains (or a domain's name) would
+    # have two parents, so such an area keeps its domain in its key. The full WOS file has none.
     key = {(d, a): a if owners[a] == 1 and a not in domains else f'{a} ({d})' for d, a in areas}
     h = Hierarchy({**dict.fromkeys(domains), **{key[p]: p[0] for p in areas}},
                   {**{d: d for d in domains}, **{key[p]: p[1] for p in areas}})
@@ -195,7 +193,7 @@ def load_wos(folder):
 # HiAGM/HPT-format folders
 
 def _taxonomy(path):
-    """({label: parent}, {label: its line}) of lines `parent<TAB>child<TAB>child...` (HiAGM's)."""
+    """({label: parent}, {label: its line}) of HiAGM's lines `parent<TAB>child<TAB>child...`."""
     parents, lines = {}, {}
     for n, line in read_lines(path):
         cells = [c.strip() for c in line.split('\t') if c.strip()]
@@ -218,8 +216,8 @@ def read_taxonomy(path, names=None):
 
 def load_hiagm(folder):
     """HiAGM's format: *_train.json, *_dev.json (or *_val.json), *_test.json (a JSON object a line),
-    one *.taxonomy (HPT's WOS: wos.taxnomy), optionally label_names.tsv (code<TAB>readable name).
-    HPT's data_*.py write label ids, with value_dict.pt (id -> name). Labels are closed upward."""
+    one *.taxonomy (HPT's WOS: wos.taxnomy), optionally label_names.tsv (code<TAB>name); labels
+    by name or, as HPT's data_*.py write them, by id with value_dict.pt. Closed upward."""
     if not os.path.isdir(folder):
         raise ValueError(f'data folder {folder!r} does not exist')
     files = sorted(os.listdir(folder))
@@ -281,10 +279,10 @@ def load_hiagm(folder):
 
 
 def _load_value_dict(path):
-    with open(path, 'rb') as f:  # what cannot be read is Python's own error
+    with open(path, 'rb') as f:  # an unreadable file is Python's own error
         try:
             d = torch.load(f, weights_only=True)
-        except Exception as e:  # torch raises many kinds for a file that is not its own
+        except Exception as e:  # torch raises many kinds for a file not its own
             raise ValueError(f'{path}: not readable by torch.load '
                              f'({(str(e) or repr(e)).splitlines()[0]})') from None
     if not isinstance(d, dict) or not all(type(k) is int and isinstance(v, str)
@@ -295,10 +293,9 @@ def _load_value_dict(path):
 
 
 def resolve_ids(value_dict, parents, doc_labels, ids_file, taxonomy):
-    """The taxonomy label of each id in `doc_labels`. HPT's value_dict names the taxonomy's labels
-    (WOS, RCV1) or, for NYT, their last part ('Top/News/World' -> 'World'). A last part shared by
-    several labels is told apart by the parent: HPT labels a NYT document with every prefix of its
-    path, so every document holding the id also holds its parent's name."""
+    """The taxonomy label of each id in `doc_labels`. HPT's value_dict names the labels (WOS, RCV1)
+    or, for NYT, their last part ('Top/News/World' -> 'World'); a shared last part is told apart by
+    the parent, since HPT labels a NYT document with every prefix of its path."""
     def last(v):
         return value_dict[v] if type(v) is int else v.rsplit('/', 1)[-1]
     out = {}
@@ -329,8 +326,8 @@ business/finance/markets business/retail'''  # the path of each leaf
 
 
 def load_demo(seed=0, sizes=(1200, 300, 300)):
-    """Each document draws words from its topics' word lists and a shared background; one in five
-    lies on two paths."""
+    """Documents of words from their topics' lists and a shared background; one in five has two
+    paths."""
     leaves = [path.split('/') for path in DEMO.split()]
     parents = {}
     for path in leaves:
@@ -355,8 +352,8 @@ def load_demo(seed=0, sizes=(1200, 300, 300)):
 
 
 def load_data(name, data_dir=None):
-    """'wos', 'nyt', 'rcv1', 'demo', or a HiAGM-format folder -> (Hierarchy, {split: [(text, label
-    ids)]}). Empty texts and unlabelled documents are kept, and counted on stderr."""
+    """'wos', 'nyt', 'rcv1', 'demo', or a HiAGM folder -> (Hierarchy, {split: [(text, label ids)]}).
+    Empty texts and unlabelled documents are kept, and counted on stderr."""
     if name == 'demo':
         if data_dir:
             raise ValueError(f'--data-dir {data_dir}: --data demo is built in and reads no folder')
@@ -419,8 +416,8 @@ def one_line(e):
 
 
 # -----------------------------------------------------------------------------
-# Checkpoints: a folder made whole once (config.json, tokenizer files) whose model.safetensors
-# (weights, extras and JSON metadata: no pickle) is replaced whole at each save
+# Checkpoints: a folder made once (config.json, tokenizer files) whose model.safetensors
+# (weights, extras, JSON metadata: no pickle) is replaced whole at each save
 
 WEIGHTS = 'model.safetensors'
 REQUIRED = (WEIGHTS, 'config.json', 'tokenizer.json', 'tokenizer_config.json')
@@ -434,7 +431,7 @@ def _fsync(path):
 
 def write_atomically(path, text):
     """Writes `path` (str or bytes) whole or not at all, making its folder: a synced temporary file
-    beside it is renamed over it, or removed on any failure (disk full, Ctrl-C)."""
+    is renamed over it, or removed on any failure (disk full, Ctrl-C)."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f'.{os.path.basename(path)}.{os.getpid()}.tmp')
@@ -452,14 +449,14 @@ def write_atomically(path, text):
 
 
 def _aliases(model):
-    """The names under which a tensor appears again (BERT's decoder weight is its word embeddings):
-    safetensors stores no aliases, and the model built from config.json ties them again."""
+    """Names of tied copies (BERT's decoder weight is its word embeddings): safetensors stores no
+    aliases, and the model built from config.json ties them again."""
     return ({n for n, _ in model.named_parameters(remove_duplicate=False)}
             - {n for n, _ in model.named_parameters()})
 
 
 def save_checkpoint(folder, model, tokenizer, info, extra=None):
-    """Config and tokenizer files when `folder` is made; each time, model.safetensors: the weights,
+    """Config and tokenizer when `folder` is made; each time, model.safetensors: the weights,
     `extra` ({name: tensor}) as extra.<name>, metadata 'lhmix' (JSON: what rebuilds the LHMix, and
     `info`). A kill at any instant leaves the old checkpoint or the new one."""
     from safetensors.torch import save
@@ -482,7 +479,7 @@ def save_checkpoint(folder, model, tokenizer, info, extra=None):
             raise ValueError(f'{folder}: a folder that is not a checkpoint; not saved into it')
         return write_atomically(os.path.join(folder, WEIGHTS), blob)
     parent, base = os.path.split(os.path.abspath(folder))
-    tmp = os.path.join(parent, f'.{base}.{os.urandom(4).hex()}.tmp')  # built whole, then renamed
+    tmp = os.path.join(parent, f'.{base}.{os.urandom(4).hex()}.tmp')
     try:
         model.mlm.config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
@@ -509,7 +506,7 @@ def refuse_remote_code(folder):
 
 
 def load_checkpoint(folder, device='cpu', hierarchy=None):
-    """(model, tokenizer, meta): the saved info and model keys, meta['extra'] the extras. With
+    """(model, tokenizer, meta): meta is the saved metadata, meta['extra'] the extras. With
     `hierarchy`, the labels must be the data's. Runs no code from the folder."""
     from safetensors import SafetensorError, safe_open
     from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
