@@ -24,7 +24,6 @@ import data
 import evaluate
 import lhmix
 
-# -----------------------------------------------------------------------------
 # Defaults, each from its source. The paper (Sec. 5.2) gives the model, Adam's learning rate, the
 # warm-up and the early stopping; for alpha, beta only grids (Fig. 5: one varied, the other at 1).
 DEFAULTS = dict(
@@ -44,7 +43,7 @@ DEFAULTS = dict(
 # bf16 autocast on GPUs (fp16 without bf16) is this implementation's; the authors trained in fp32.
 DEMO = dict(model='tiny', epochs=12, warmup_epochs=4, lr=1e-3, max_length=128)  # --data demo
 MLM_RATE = 0.15  # HPT's MLM loss masks 15% of the text word-pieces
-RUN = ('best', 'last', evaluate.METRICS, evaluate.TEST_METRICS)  # what a run folder holds
+RUN = ('best', 'last', evaluate.METRICS, evaluate.TEST_METRICS)  # a run folder's files
 
 
 def parse(argv=None):
@@ -87,7 +86,7 @@ def check_out(args):
     """--out's problems, refused before anything is computed. A run is recognised by its files."""
     out = up = args.out
     while not os.path.lexists(up) and os.path.dirname(up) not in ('', up):
-        up = os.path.dirname(up)  # the nearest path that exists
+        up = os.path.dirname(up)
     if os.path.lexists(up) and not os.path.isdir(up):
         raise ValueError(f'--out {out}: {"" if up == out else up + " "}is a file, not a folder')
     if args.overwrite and os.path.islink(out):
@@ -125,8 +124,8 @@ def cuda_graphs_unavailable(device):
 
 
 class CUDAGraphs:
-    """fn(**tensors) replayed from a CUDA graph captured once per set of input shapes: the GPU's
-    time without Python's and the launches'. A replay overwrites the graph's outputs."""
+    """fn(**tensors) replayed from a CUDA graph captured once per set of input shapes (no Python
+    or launch overhead). A replay overwrites the graph's outputs."""
 
     def __init__(self, fn, warmup=None):
         self.fn, self.warmup, self.graphs = fn, warmup or fn, {}
@@ -181,9 +180,11 @@ def make_step(model, opt, graphs, table=None, alpha=None, beta=None):
 
     if not graphs:
         return step
-    if any(not opt.state[p] for p in params):  # Adam's state made outside the graph: a step on
-        with warnings.catch_warnings():          # zero gradients moves no weight; its step count is
-            warnings.simplefilter('ignore')      # undone (the warning: this step is not captured)
+    # Adam's state made outside the graph: a step on zero gradients moves no weight; its step
+    # count is undone (the warning: this step is not captured)
+    if any(not opt.state[p] for p in params):
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
             opt.step()
         for p in params:
             opt.state[p]['step'].zero_()
@@ -224,7 +225,7 @@ def train_epoch(model, step, tokens, labels, rows, args, epoch, bar):
 
 
 def metrics_line(epoch, loss, dev, lam, seconds, n):
-    """metrics.jsonl's line for an epoch, printed; lambda: the ratios used (the README's plot)."""
+    """metrics.jsonl's line for an epoch, printed; lam: the ratios used (the README's plot)."""
     line = {'epoch': epoch, 'mix': lam is not None, 'train_loss': loss,
             'dev_micro_f1': dev['micro_f1'], 'dev_macro_f1': dev['macro_f1'],
             'seconds': round(seconds, 2), 'samples_per_s': round(n / seconds, 1)}
@@ -247,8 +248,7 @@ def since_best(history):
 
 def put_in_place(new, out, overwrite):
     """The run written whole in `new` becomes `out`. An earlier run there (--overwrite) is renamed
-    aside first and removed last: a kill in between leaves both whole. Without --overwrite, a run
-    that another train.py wrote into `out` since this one started is left alone."""
+    aside first and removed last: a kill in between leaves both whole."""
     taken = os.path.isdir(out) and os.listdir(out)
     if taken and not overwrite:
         raise ValueError(f'--out {out}: another run has written there since this one started; '
@@ -264,7 +264,7 @@ def put_in_place(new, out, overwrite):
 def train(args, given):
     check_out(args)
     device, out = torch.device(args.device), args.out
-    if args.resume:  # the run's saved arguments, but --epochs if given; the rest said (stderr)
+    if args.resume:  # the run's saved arguments, but --epochs if given; the rest said
         model, tokenizer, meta = data.load_checkpoint(os.path.join(out, 'last'))
         for k, v in [*given.items(), ('data', args.data), ('data_dir', args.data_dir)]:
             if k != 'epochs' and v != meta['args'][k]:
@@ -279,21 +279,22 @@ def train(args, given):
         docs = [docs[i] for i in sorted(keep[:math.ceil(args.train_fraction * len(docs))])]
     info = {'args': {k: getattr(args, k) for k in [*DEFAULTS, 'data', 'data_dir']},
             'data': digest(hierarchy, docs)}
-    history, extra = [], {}  # the epochs' metrics lines, last/'s extras
     if args.resume:
-        history, extra, saved = meta['history'], meta['extra'], meta['data']
+        saved = meta['data']
         what = {'labels': 'labels', 'train': 'training documents or their labels'}
         changed = [what[k] for k in what if saved[k] != info['data'][k]]
         if changed:
             raise ValueError(f'--resume: the {" and ".join(changed)} of --data {args.data} differ '
                              f"from the run's ({saved['n']} training documents then, {len(docs)} "
                              'now); start a new run')
+        history, extra = meta['history'], meta['extra']  # the epochs' metrics lines, last/'s extras
     else:
+        history, extra = [], {}
         mlm, tokenizer = (data.tiny_bert([t for t, _ in docs] + hierarchy.names)
                           if args.model == 'tiny' else data.load_pretrained(args.model))
         model = lhmix.build_model(mlm, tokenizer, hierarchy, args.arch, args.max_length)
-    done = len(history) >= args.epochs or since_best(history) >= args.early_stop
-    if done and os.path.exists(os.path.join(out, evaluate.TEST_METRICS)):
+    if ((len(history) >= args.epochs or since_best(history) >= args.early_stop)
+            and os.path.exists(os.path.join(out, evaluate.TEST_METRICS))):
         return print(f'--resume: {out} is finished ({len(history)} epochs); nothing to do',
                      file=sys.stderr)
     max_text, most = model.text_budget(args.max_length), model.mlm.config.max_position_embeddings
@@ -334,7 +335,7 @@ def train(args, given):
     step = make_step(model, opt, graphs, table, args.alpha, args.beta)
     scorer = CUDAGraphs(model.label_scores) if graphs else None
 
-    steps = -(-len(docs) // args.batch)  # one bar for the run (stderr; off when not a terminal)
+    steps = -(-len(docs) // args.batch)  # one bar for the run, off when not a terminal
     with tqdm(total=steps * max(args.epochs - len(history), 0), disable=None) as bar:
         for epoch in range(len(history), args.epochs):
             if since_best(history) >= args.early_stop:
@@ -350,13 +351,12 @@ def train(args, given):
             if not all(torch.isfinite(p).all() for p in model.parameters()):
                 raise FloatingPointError(f'the weights became infinite or NaN in epoch {epoch} '
                                          '(try a lower --lr); this epoch is not saved')
-            improved = since_best(history) == 0
             # best/ if dev macro-F1 improved, metrics.jsonl, then last/: a kill between them
             # re-runs the epoch at --resume. A new run's first epoch is written whole beside
             # --out, then put in place (over an earlier run only now, with --overwrite).
             folder = out if args.resume else f'{out}.new-{os.urandom(4).hex()}'
             try:
-                if improved:
+                if since_best(history) == 0:
                     data.save_checkpoint(os.path.join(folder, 'best'), model, tokenizer,
                                          {**info, 'epoch': epoch, 'dev': history[-1]})
                 data.write_atomically(os.path.join(folder, evaluate.METRICS),
@@ -393,7 +393,7 @@ def main(argv=None):
                  else f'interrupted before the first epoch was saved: {args.out} unchanged')
     except torch.OutOfMemoryError:
         sys.exit(f'error: out of GPU memory at --batch {args.batch}; try a smaller --batch')
-    except OSError as e:  # disk full, permissions: the file and the reason
+    except OSError as e:  # disk full, permissions
         sys.exit(f'error: {e.filename or args.out}: {e.strerror or e}')
     except (ValueError, FloatingPointError) as e:
         sys.exit(f'error: {e}')
