@@ -110,6 +110,8 @@ def check_output(path, flag, ckpt):
         raise ValueError(f'{flag} {path}: is inside the checkpoint folder {ckpt} being read')
     if os.path.isdir(path):
         raise ValueError(f'{flag} {path}: is a folder, not a file')
+    if os.path.basename(path) in (METRICS, TEST_METRICS):  # begins as --out does, holds more
+        raise ValueError(f"{flag} {path}: is a train.py run's own file")
     if not os.path.exists(path):
         return
     start = '{\n "micro_f1": ' if flag == '--out' else '{"labels": ['  # as `flag` writes it

@@ -88,6 +88,7 @@ def test_bad_prediction_lines(tmp_path, bad_line, message):
     (['--save-predictions', '{t}/notes.txt'], 'exists and is not an earlier --save-predictions'),
     (['--save-predictions', '{t}/e.json'], 'exists and is not an earlier --save-predictions'),
     (['--out', '{t}'], 'is a folder, not a file'),
+    (['--out', '{r}/test_metrics.json'], "is a train.py run's own file"),
 ])
 def test_outputs_never_overwrite_what_they_did_not_write(run, tmp_path, monkeypatch, flags,
                                                          message):
@@ -97,7 +98,7 @@ def test_outputs_never_overwrite_what_they_did_not_write(run, tmp_path, monkeypa
     (tmp_path / 'link.json').symlink_to(run / 'best' / data.WEIGHTS)
     before, run_before = tree_state(tmp_path), tree_state(run)
     monkeypatch.setattr(data, 'load_data', lambda *a, **k: pytest.fail('computed before checking'))
-    fill = dict(t=tmp_path, c=run / 'best')
+    fill = dict(t=tmp_path, c=run / 'best', r=run)
     argv = ['--ckpt', str(run / 'best'), '--data', 'demo'] + [f.format(**fill) for f in flags]
     msg = error_of(lambda: evaluate.main(argv))
     assert msg.startswith(f'error: {argv[4]} {argv[5]}: ') and message.format(**fill) in msg
