@@ -314,8 +314,9 @@ def train(args, given):
 
     model.to(device)
     graphs = device.type == 'cuda' and not args.no_cuda_graphs
-    if graphs and cuda_graphs_unavailable(device):
-        print(f'CUDA graphs off: {cuda_graphs_unavailable(device)}', file=sys.stderr)
+    why_not = graphs and cuda_graphs_unavailable(device)
+    if why_not:
+        print(f'CUDA graphs off: {why_not}', file=sys.stderr)
         graphs = False
     opt = torch.optim.Adam(model.parameters(), lr=args.lr, fused=device.type == 'cuda',
                            capturable=graphs)
