@@ -443,11 +443,15 @@ PARENTS = {'Sci': None, 'Art': None, 'Sci/physics': 'Sci', 'Art/jazz': 'Art',
 TEXTS = ['light waves bend in glass', 'cells divide and grow', 'the band played a slow tune']
 
 
+def tiny_model(h, arch='prompt', max_length=512):
+    """An LHMix on a tiny BERT whose vocabulary is TEXTS' and the label names' words."""
+    mlm, tok = data.tiny_bert(TEXTS + h.names)
+    return lhmix.build_model(mlm, tok, h, arch, max_length), tok
+
+
 def tiny(arch='prompt', seed=1):
     torch.manual_seed(seed)
-    h = lhmix.Hierarchy(PARENTS)
-    mlm, tok = data.tiny_bert(TEXTS + h.names)
-    model = lhmix.build_model(mlm, tok, h, arch, max_length=64)
+    model, tok = tiny_model(lhmix.Hierarchy(PARENTS), arch, max_length=64)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))  # not the initial values: a lost tensor shows

@@ -16,7 +16,8 @@ import data  # noqa: E402
 import evaluate  # noqa: E402
 import lhmix  # noqa: E402
 import train  # noqa: E402
-from test_lhmix import PARENTS, TEXTS, tiny_model  # noqa: E402
+from test_data import TEXTS, tiny_model  # noqa: E402
+from test_lhmix import PARENTS  # noqa: E402
 from test_train import FAST, error_of, tree_state  # noqa: E402
 
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import data  # noqa: E402
 import lhmix  # noqa: E402
-from test_data import write_lines  # noqa: E402
+from test_data import TEXTS, tiny_model, write_lines  # noqa: E402
 
 
 # -----------------------------------------------------------------------------
@@ -214,12 +214,6 @@ def test_bad_taxonomy_names_label_and_line(tmp_path, lines, line_no, label, what
 PARENTS = {'Sci': None, 'Art': None, 'Sci/quantum_physics': 'Sci', 'Sci/biology': 'Sci',
            'Art/jazz_music': 'Art', 'Sci/quantum_physics/optics': 'Sci/quantum_physics'}
 DEPTHS = [1, 1, 2, 2, 2, 3]
-TEXTS = ['light waves bend in glass', 'cells divide and grow', 'the band played a slow tune']
-
-
-def tiny_model(h, arch='prompt'):
-    mlm, tok = data.tiny_bert(TEXTS + h.names)
-    return lhmix.build_model(mlm, tok, h, arch), tok
 
 
 @pytest.fixture(scope='module')

@@ -438,7 +438,8 @@ def _run_steps(model, docs, labels, table, rows, device, mix, graphs, steps=10):
 @pytest.mark.parametrize('mix', [False, True])
 def test_cuda_graph_steps_match_eager_on_gpu_bf16(mix):
     import copy
-    from test_lhmix import PARENTS, tiny_model
+    from test_data import tiny_model
+    from test_lhmix import PARENTS
     device = torch.device('cuda')
     if train.cuda_graphs_unavailable(device):
         pytest.skip(train.cuda_graphs_unavailable(device))
