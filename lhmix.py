@@ -359,23 +359,19 @@ def autocast(device):
 
 
 @torch.no_grad()
-def score_documents(model, token_ids, batch_size=128, scorer=None):
-    """(N, V) float32 label scores (> 0: predicted) in input order, batched by length. `scorer`
-    (CUDA graphs) replaces model.label_scores and gets full batches."""
+def score_documents(model, token_ids, batch_size=128):
+    """(N, V) float32 label scores (> 0: predicted) in input order, batched by length."""
     device = next(model.parameters()).device
     out = torch.zeros(len(token_ids), len(model.hierarchy), device=device)
     model.eval()
     order = np.argsort([len(t) for t in token_ids], kind='stable')
     for i in range(0, len(order), batch_size):
         idx = order[i:i + batch_size]
-        docs = [token_ids[j] for j in idx]
-        if scorer is not None:  # empty texts fill the batch, their rows dropped
-            docs += [docs[0][:0]] * (batch_size - len(docs))
-        b = to_device(make_batch(model, docs, [[]] * len(docs), pad_multiple(device)), device)
+        b = to_device(make_batch(model, [token_ids[j] for j in idx], [[]] * len(idx),
+                                 pad_multiple(device)), device)
         with autocast(device):
-            scores = (scorer or model.label_scores)(input_ids=b['input_ids'],
-                                                    attention_mask=b['attention_mask'])
-        out[torch.from_numpy(idx).to(device)] = scores[:len(idx)]  # no host sync between batches
+            scores = model.label_scores(b['input_ids'], b['attention_mask'])
+        out[torch.from_numpy(idx).to(device)] = scores  # no host sync between batches
     return out.cpu().numpy()
 
 

@@ -141,16 +141,16 @@ def test_one_epoch_variants_and_dev_f1_by_hand(tmp_path, arch, mix):
 # Bad flags and bad data: one error line, nothing written
 
 @pytest.mark.parametrize('flags, message', [
-    (['--alpha', '0'], '--alpha must be a finite number > 0, got 0.0'),
+    (['--alpha', '0'], '--alpha must be in (0, inf), got 0.0'),
     (['--beta', '0.5'], '--beta must be in (0.5, 1], got 0.5'),
     (['--beta', '1.2'], '--beta must be in (0.5, 1], got 1.2'),
-    (['--lr', 'nan'], '--lr must be a finite number > 0, got nan'),
-    (['--lr', 'inf'], '--lr must be a finite number > 0, got inf'),
-    (['--mix-alpha', '-1'], '--mix-alpha must be a finite number > 0, got -1.0'),
+    (['--lr', 'nan'], '--lr must be in (0, inf), got nan'),
+    (['--lr', 'inf'], '--lr must be in (0, inf), got inf'),
+    (['--mix-alpha', '-1'], '--mix-alpha must be in (0, inf), got -1.0'),
     (['--train-fraction', '0'], '--train-fraction must be in (0, 1], got 0.0'),
-    (['--epochs', '0'], '--epochs must be >= 1, got 0'),
-    (['--early-stop', '0'], '--early-stop must be >= 1, got 0'),
-    (['--batch', '0'], '--batch must be >= 1, got 0'),
+    (['--epochs', '0'], '--epochs must be in (0, inf), got 0'),
+    (['--warmup-epochs', '-1'], '--warmup-epochs must be in (-1, inf), got -1'),
+    (['--batch', '0'], '--batch must be in (0, inf), got 0'),
     (['--resume', '--overwrite'], '--resume and --overwrite exclude each other'),
     (['--device', 'foo'], '--device foo: unknown device'),
     (['--device', 'mps'], '--device mps: only cpu and cuda are supported'),
@@ -171,7 +171,7 @@ def test_bad_data_and_model_fail_before_writing(tmp_path):
     assert f"{folder / 'toy_val.json'}:3: malformed JSON" in msg
     msg = error_of(lambda: train.main(FAST + ['--model', str(tmp_path / 'nope'),
                                               '--out', str(tmp_path / 'out')]))
-    assert str(tmp_path / 'nope') in msg and 'no such folder' in msg
+    assert str(tmp_path / 'nope') in msg and 'not a local folder' in msg
     msg = error_of(lambda: train.main(FAST + ['--max-length', '5', '--out', str(tmp_path / 'o')]))
     assert msg == 'error: --max-length 5 leaves -4 text tokens for this model (at most 512 ' \
         'positions)'
@@ -295,7 +295,7 @@ def _one_document_less(last, mp):
 
 
 @pytest.mark.parametrize('damage, message', [
-    (_one_document_less, "error: --resume: the training documents or their labels of --data demo "
+    (_one_document_less, "error: --resume: the labels or training documents of --data demo "
      "differ from the run's (12 training documents then, 12 now); start a new run"),
     (lambda last, mp: (last / 'model.safetensors').write_bytes(
         (last / 'model.safetensors').read_bytes()[:1000]), 'truncated or corrupt'),
@@ -458,11 +458,6 @@ def test_cuda_graph_steps_match_eager_on_gpu_bf16(mix):
     eager, _ = _run_steps(model, docs, labels, table, rows, device, mix, graphs=False)
     assert 2 <= len(step.graphs) <= 6  # captured once per batch shape, then replayed
     assert graphed == pytest.approx(eager, rel=2e-2, abs=2e-2)  # bf16 autocast
-    scorer = train.CUDAGraphs(twin.label_scores)
-    docs = docs + [d[:6] for d in docs[:20]]  # batches of two lengths, the last one not full
-    s_e = lhmix.score_documents(model, docs, batch_size=16)
-    s_g = lhmix.score_documents(twin, docs, batch_size=16, scorer=scorer)
-    assert len(scorer.graphs) >= 2 and np.allclose(s_g, s_e, rtol=5e-2, atol=5e-2)
 
 
 # -----------------------------------------------------------------------------

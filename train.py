@@ -40,6 +40,10 @@ DEFAULTS = dict(
     no_mlm=False,               # HPT's auxiliary MLM loss on, as in the authors' code
     epochs=100,                 # this implementation's cap: early stopping ends runs before it
     seed=0, train_fraction=1.0)
+# each number's valid range (lo, hi]
+RANGES = dict(lr=(0, math.inf), alpha=(0, math.inf), beta=(0.5, 1), mix_alpha=(0, math.inf),
+              train_fraction=(0, 1), epochs=(0, math.inf), early_stop=(0, math.inf),
+              warmup_epochs=(-1, math.inf), batch=(0, math.inf), max_length=(0, math.inf))
 # bf16 autocast on GPUs (fp16 without bf16) is this implementation's; the authors trained in fp32.
 DEMO = dict(model='tiny', epochs=12, warmup_epochs=4, lr=1e-3, max_length=128)  # --data demo
 MLM_RATE = 0.15  # HPT's MLM loss masks 15% of the text word-pieces
@@ -66,14 +70,10 @@ def parse(argv=None):
     ns = p.parse_args(argv)
     given = {k: v for k, v in vars(ns).items() if k in DEFAULTS}
     args = argparse.Namespace(**{**DEFAULTS, **(DEMO if ns.data == 'demo' else {}), **vars(ns)})
-    for k, lo, hi in [('alpha', 0, math.inf), ('beta', 0.5, 1), ('mix_alpha', 0, math.inf),
-                      ('lr', 0, math.inf), ('train_fraction', 0, 1)]:
+    for k, (lo, hi) in RANGES.items():
         if not (lo < getattr(args, k) <= hi and math.isfinite(getattr(args, k))):
-            what = f'a finite number > {lo}' if hi == math.inf else f'in ({lo}, {hi}]'
-            p.error(f"--{k.replace('_', '-')} must be {what}, got {getattr(args, k)}")
-    for k, lo in dict(epochs=1, early_stop=1, warmup_epochs=0, batch=1, max_length=1).items():
-        if getattr(args, k) < lo:
-            p.error(f"--{k.replace('_', '-')} must be >= {lo}, got {getattr(args, k)}")
+            p.error(f"--{k.replace('_', '-')} must be in ({lo}, {hi}{']' if hi < math.inf else ')'}"
+                    f', got {getattr(args, k)}')
     if args.resume and args.overwrite:
         p.error('--resume and --overwrite exclude each other')
     args.device = str(evaluate.parse_device(p, args.device))
@@ -106,9 +106,8 @@ def check_out(args):
 
 def digest(hierarchy, docs):
     """What --resume checks against the run's: the labels, the training documents and theirs."""
-    def sha(x):
-        return hashlib.sha256(json.dumps(x).encode()).hexdigest()
-    return {'labels': sha([hierarchy.labels, hierarchy.parent]), 'train': sha(docs), 'n': len(docs)}
+    x = json.dumps([hierarchy.labels, hierarchy.parent, docs]).encode()
+    return {'sha256': hashlib.sha256(x).hexdigest(), 'n': len(docs)}
 
 
 def cuda_graphs_unavailable(device):
@@ -208,7 +207,7 @@ def train_epoch(model, step, tokens, labels, rows, args, epoch, bar):
         if mixing:
             batch['partner'] = torch.from_numpy(partner)
             if args.mix == 'lhmix':
-                batch['rows'] = torch.from_numpy(rows[idx])
+                batch['rows'] = rows[idx]
             else:  # vanilla Mixup: Beta(a, a) folded to [0.5, 1], as LH-Mix's lambda
                 lam = rng.beta(args.mix_alpha, args.mix_alpha, len(idx))
                 batch['lam'] = torch.from_numpy(np.maximum(lam, 1 - lam)).float()
@@ -280,13 +279,10 @@ def train(args, given):
     info = {'args': {k: getattr(args, k) for k in [*DEFAULTS, 'data', 'data_dir']},
             'data': digest(hierarchy, docs)}
     if args.resume:
-        saved = meta['data']
-        what = {'labels': 'labels', 'train': 'training documents or their labels'}
-        changed = [what[k] for k in what if saved[k] != info['data'][k]]
-        if changed:
-            raise ValueError(f'--resume: the {" and ".join(changed)} of --data {args.data} differ '
-                             f"from the run's ({saved['n']} training documents then, {len(docs)} "
-                             'now); start a new run')
+        if meta['data'] != info['data']:
+            raise ValueError(f'--resume: the labels or training documents of --data {args.data} '
+                             f"differ from the run's ({meta['data']['n']} training documents then, "
+                             f'{len(docs)} now); start a new run')
         history, extra = meta['history'], meta['extra']  # the epochs' metrics lines, last/'s extras
     else:
         history, extra = [], {}
@@ -301,9 +297,6 @@ def train(args, given):
     if not 0 < max_text <= model.text_budget(most):
         raise ValueError(f'--max-length {args.max_length} leaves {max_text} text tokens for this '
                          f'model (at most {most} positions)')
-    if args.mix != 'none' and args.epochs <= args.warmup_epochs:
-        print(f'warning: --epochs {args.epochs} <= --warmup-epochs {args.warmup_epochs}: Mixup '
-              'never starts', file=sys.stderr)
     tokens, cut, gold = {}, {}, {}
     for name, split in (('train', docs), ('dev', splits['dev']), ('test', splits['test'])):
         tokens[name], cut[name] = lhmix.tokenize(tokenizer, [t for t, _ in split], max_text)
@@ -327,14 +320,12 @@ def train(args, given):
                 _, i, name = key.split('.')
                 state.setdefault(int(i), {})[name] = v
         opt.load_state_dict({'state': state, 'param_groups': opt.state_dict()['param_groups']})
-    table, rows = extra.get('table'), extra.get('rows')
-    if args.mix == 'lhmix' and table is None:  # the initial encoder, frozen (Sec. 4.1)
-        table, rows = lhmix.local_hierarchy_table(model, tokenizer, gold['train'])
-        print(f'{len(table)} distinct local hierarchies encoded')
-    if table is not None:  # the table on the device, each document's row on the host
-        table, rows = table.to(device), rows.cpu()
+    table = rows = None
+    if args.mix == 'lhmix':  # the initial encoder's, frozen (Sec. 4.1); kept in last/ for --resume
+        table, rows = ((extra['table'], extra['rows']) if history else
+                       lhmix.local_hierarchy_table(model, tokenizer, gold['train']))
+        table, rows = table.to(device), rows.cpu()  # each document's row on the host
     step = make_step(model, opt, graphs, table, args.alpha, args.beta)
-    scorer = CUDAGraphs(model.label_scores) if graphs else None
 
     steps = -(-len(docs) // args.batch)  # one bar for the run, off when not a terminal
     with tqdm(total=steps * max(args.epochs - len(history), 0), disable=None) as bar:
@@ -343,11 +334,11 @@ def train(args, given):
                 tqdm.write(f'early stop: dev macro-F1 not improved for {args.early_stop} epochs')
                 break
             t0 = time.time()
-            loss, lam = train_epoch(model, step, tokens['train'], gold['train'],
-                                    None if rows is None else rows.numpy(), args, epoch, bar)
+            loss, lam = train_epoch(model, step, tokens['train'], gold['train'], rows, args,
+                                    epoch, bar)
             seconds = time.time() - t0
-            scores = lhmix.score_documents(model, tokens['dev'], scorer=scorer)
-            dev = evaluate.f1_scores(scores > 0, gold['dev'], len(hierarchy))
+            dev = evaluate.f1_scores(lhmix.score_documents(model, tokens['dev']) > 0, gold['dev'],
+                                     len(hierarchy))
             history.append(metrics_line(epoch, loss, dev, lam, seconds, len(docs)))
             if not all(torch.isfinite(p).all() for p in model.parameters()):
                 raise FloatingPointError(f'the weights became infinite or NaN in epoch {epoch} '
