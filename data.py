@@ -189,7 +189,7 @@ def load_wos(folder):
 # -----------------------------------------------------------------------------
 # HiAGM/HPT-format folders
 
-def _taxonomy(path):
+def read_taxonomy(path):
     """({label: parent}, {label: its line}) of HiAGM's lines `parent<TAB>child<TAB>child...`."""
     parents, lines = {}, {}
     for n, line in read_lines(path):
@@ -204,11 +204,6 @@ def _taxonomy(path):
     if not parents:
         raise ValueError(f'{path}: empty (expected lines parent<TAB>child<TAB>child...)')
     return parents, lines
-
-
-def read_taxonomy(path, names=None):
-    parents, lines = _taxonomy(path)
-    return Hierarchy(parents, names, lines)
 
 
 def load_hiagm(folder):
@@ -237,7 +232,7 @@ def load_hiagm(folder):
                 raise ValueError(f'{names_file}:{n}: expected code<TAB>name')
             names[code.strip()] = name.strip()
     taxonomy = one(('.taxonomy', '.taxnomy'), '*.taxonomy (or wos.taxnomy)')
-    parents, lines = _taxonomy(taxonomy)
+    parents, lines = read_taxonomy(taxonomy)
     ids_file = os.path.join(folder, 'value_dict.pt')
     value_dict = _load_value_dict(ids_file) if os.path.exists(ids_file) else {}
     raw = {}

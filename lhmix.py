@@ -18,8 +18,8 @@ except ImportError:
 # Sec. 3: hierarchy, prompt template, model and verbalizer (Eq. 1), ZMLCE (Eq. 2)
 
 class Hierarchy:
-    """A label tree, ids in the order given, depth 1 at the top. Maps from labels: `parents`
-    (None or 'Root' at the top), `names` (default: after the last '/'), `lines` (for errors)."""
+    """A label tree, ids in the order given, depth 1 at the top. From label to: `parents` (None or
+    'Root' at the top), `names` (default: after the last '/'), `lines` (where, for errors)."""
 
     def __init__(self, parents, names=None, lines=None):
         lines, n = lines or {}, len(parents)
@@ -48,12 +48,10 @@ class Hierarchy:
     def __len__(self):
         return len(self.labels)
 
-    def path(self, v):
-        """The ancestors of label v and v itself, root first."""
+    def path(self, v):  # v's ancestors and v, root first
         return self.path(self.parent[v]) + [v] if v >= 0 else []
 
-    def closure(self, label_ids):
-        """The label set closed upward: every ancestor of a gold label is gold too."""
+    def closure(self, label_ids):  # every ancestor of a gold label is gold too
         return sorted({a for v in label_ids for a in self.path(v)})
 
 
@@ -112,11 +110,8 @@ class LHMix(nn.Module):
     def encode(self, input_ids, attention_mask):
         return self.mlm.base_model(input_ids, attention_mask).last_hidden_state
 
-    def slots(self, hidden):
-        """(B, rows, H): the [P] of each depth (positions 2, 4, ..., 2D), or [CLS] for bert."""
-        if self.arch == 'bert':
-            return hidden[:, :1]
-        return hidden[:, 2:2 * len(self.depth_ids) + 1:2]
+    def slots(self, hidden):  # (B, rows, H): each depth's [P] (at 2, 4, ..., 2D); bert: [CLS]
+        return hidden[:, :1] if self.arch == 'bert' else hidden[:, 2:2 * len(self.depth_ids) + 1:2]
 
     def score(self, slot_hidden):
         """Eq. 1: (B, rows, V) label scores p^d; only `self.valid` entries are meaningful."""
@@ -124,8 +119,7 @@ class LHMix(nn.Module):
             return self.classifier(self.dropout(slot_hidden))
         return self.transform(slot_hidden) @ self.label_embeddings().t() + self.label_bias
 
-    def per_label(self, scores):
-        """(B, rows, V) -> (B, V): each label's score in the row of its own depth."""
+    def per_label(self, scores):  # (B, rows, V) -> (B, V): each label's in its depth's row
         return scores.masked_fill(~self.valid, -math.inf).amax(1)
 
     def mlm_loss(self, hidden, positions, labels):
@@ -325,7 +319,7 @@ def make_batch(model, token_ids, labels, multiple, rng=None, mlm_rate=0.0, stati
 
 
 def to_device(batch, device):
-    if device.type == 'cuda':
+    if device.type == 'cuda':  # from pinned memory: the copy does not sync
         return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
     return {k: v.to(device) for k, v in batch.items()}
 

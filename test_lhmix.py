@@ -183,7 +183,8 @@ def test_mix_hidden_eq5_and_mixed_zmlce_eq7_per_row():
 def test_hierarchy_from_taxonomy_and_parent_map(tmp_path):
     path = write_lines(tmp_path / 'toy.taxonomy', ['Root\tCS\tMedical', 'CS\tML\tDB', '',
                                                    'Medical\tCancer', 'ML\tDeep_Learning'])
-    h = data.read_taxonomy(path, {'ML': 'machine learning'})
+    parents, lines = data.read_taxonomy(path)
+    h = lhmix.Hierarchy(parents, {'ML': 'machine learning'}, lines)
     assert h.labels == ['CS', 'Medical', 'ML', 'DB', 'Cancer', 'Deep_Learning']
     assert h.depth == [1, 1, 2, 2, 2, 3] and h.num_depths == 3
     assert h.by_depth == [[0, 1], [2, 3, 4], [5]] and h.path(5) == [0, 2, 5]
@@ -204,7 +205,8 @@ def test_hierarchy_from_taxonomy_and_parent_map(tmp_path):
 def test_bad_taxonomy_names_label_and_line(tmp_path, lines, line_no, label, what):
     path = write_lines(tmp_path / 'bad.taxonomy', lines)
     with pytest.raises(ValueError, match=re.escape(f'{path}:{line_no}:')) as e:
-        data.read_taxonomy(path)
+        parents, lines = data.read_taxonomy(path)
+        lhmix.Hierarchy(parents, None, lines)
     assert repr(label) in str(e.value) and what in str(e.value)
 
 
