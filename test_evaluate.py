@@ -79,48 +79,42 @@ def test_bad_prediction_lines(tmp_path, bad_line, message):
     assert msg == f'error: {path}{message}' and not (tmp_path / 'ev').exists()
 
 
-# Nothing the user has is written over: one error line, before anything is computed
-@pytest.mark.parametrize('flags, message', [
-    (['--save-predictions', '{c}/model.safetensors'], 'is inside the checkpoint folder {c}'),
-    (['--out', '{c}/e.json'], 'is inside the checkpoint folder {c} being read'),
-    (['--out', '{t}/link.json'], 'is inside the checkpoint folder {c} being read'),
-    (['--out', '{t}/notes.txt'], 'exists and is not an earlier --out file'),
-    (['--out', '{t}/p.jsonl'], 'exists and is not an earlier --out file'),
-    (['--save-predictions', '{t}/notes.txt'], 'exists and is not an earlier --save-predictions'),
-    (['--save-predictions', '{t}/e.json'], 'exists and is not an earlier --save-predictions'),
-    (['--out', '{t}'], 'is a folder, not a file'),
-    (['--out', '{r}/test_metrics.json'], "is a train.py run's own file"),
+# One error line, the user's files unchanged; outputs never over what evaluate.py did not write,
+# refused before anything is computed
+@pytest.mark.parametrize('argv, message', [
+    *[(['--ckpt', '{c}', '--data', 'demo', flag, path], f'{flag} {path}: {why}')
+      for flag, path, why in [
+        ('--save-predictions', '{c}/model.safetensors', 'is inside the checkpoint folder {c}'),
+        ('--out', '{c}/e.json', 'is inside the checkpoint folder {c} being read'),
+        ('--out', '{t}/link.json', 'is inside the checkpoint folder {c} being read'),
+        ('--out', '{t}/notes.txt', 'exists and is not an earlier --out file'),
+        ('--out', '{t}/p.jsonl', 'exists and is not an earlier --out file'),
+        ('--save-predictions', '{t}/notes.txt', 'exists and is not an earlier --save-predictions'),
+        ('--save-predictions', '{t}/e.json', 'exists and is not an earlier --save-predictions'),
+        ('--out', '{t}', 'is a folder, not a file'),
+        ('--out', '{r}/test_metrics.json', "is a train.py run's own file")]],
+    (['--ckpt', '{r}', '--data', 'demo'], '{r}: a run, not a checkpoint: pass {r}/best'),
+    (['--ckpt', '{c}', '--texts', '{t}'], '{t}: Is a directory'),
+    (['--ckpt', '{c}', '--texts', '{t}/no.txt'], '{t}/no.txt: No such file or directory'),
+    (['--ckpt', '{c}', '--similar', 'Hockey'], "label 'Hockey' is not in the checkpoint's"),
+    (['--ckpt', '{c}', '--similar', 'optics'], "{c}: the run's pretrained model is unknown (tiny)"),
+    (['--ckpt', '{c}', '--similar', 'optics', '--model', '{t}/nope'], "could not load model '{t}/"),
+    (['--summary', '{c}'], '{c}/test_metrics.json: not a finished train.py run'),
+    (['--ckpt', '{c}', '--data', 'demo', '--out', '{r}/metrics.jsonl/e.json'],
+     '{r}/metrics.jsonl: File exists'),  # what the OS refuses, after computing
 ])
-def test_outputs_never_overwrite_what_they_did_not_write(run, tmp_path, monkeypatch, flags,
-                                                         message):
+def test_mistakes_end_in_one_error_line(run, tmp_path, monkeypatch, argv, message):
     for name, text in (('notes.txt', 'keep me'), ('p.jsonl', '{"labels": []}\n'),
                        ('e.json', '{"micro_f1": 0.5, "macro_f1": 0.25}')):
         (tmp_path / name).write_text(text)
     (tmp_path / 'link.json').symlink_to(run / 'best' / data.WEIGHTS)
-    before, run_before = tree_state(tmp_path), tree_state(run)
-    monkeypatch.setattr(data, 'load_data', lambda *a, **k: pytest.fail('computed before checking'))
+    before = tree_state(tmp_path), tree_state(run)
+    if argv[4:5] in (['--out'], ['--save-predictions']) and 'File exists' not in message:
+        monkeypatch.setattr(data, 'load_data', lambda *a, **k: pytest.fail('computed first'))
     fill = dict(t=tmp_path, c=run / 'best', r=run)
-    argv = ['--ckpt', str(run / 'best'), '--data', 'demo'] + [f.format(**fill) for f in flags]
-    msg = error_of(lambda: evaluate.main(argv))
-    assert msg.startswith(f'error: {argv[4]} {argv[5]}: ') and message.format(**fill) in msg
-    assert tree_state(tmp_path) == before and tree_state(run) == run_before
-
-
-@pytest.mark.parametrize('argv, message', [
-    (['--ckpt', '{r}', '--data', 'demo'], '{r}: a run, not a checkpoint: pass {r}/best'),
-    (['--ckpt', '{r}/best', '--texts', '{t}'], '{t}: Is a directory'),
-    (['--ckpt', '{r}/best', '--texts', '{t}/no.txt'], '{t}/no.txt: No such file or directory'),
-    (['--ckpt', '{r}/best', '--similar', 'Hockey'], "label 'Hockey' is not in the checkpoint's"),
-    (['--ckpt', '{r}/best', '--similar', 'optics'], "the run's pretrained model is unknown (tiny)"),
-    (['--ckpt', '{r}/best', '--similar', 'optics', '--model', '{t}/nope'], '{t}/nope'),
-    (['--summary', '{r}/best'], '{r}/best/test_metrics.json: not a finished train.py run'),
-    (['--ckpt', '{r}/best', '--data', 'demo', '--out', '{r}/metrics.jsonl/e.json'],
-     '{r}/metrics.jsonl: File exists'),  # what the OS refuses, after computing
-])
-def test_mistakes_end_in_one_error_line(run, tmp_path, argv, message):
-    before = tree_state(run)
-    msg = error_of(lambda: evaluate.main([a.format(r=run, t=tmp_path) for a in argv]))
-    assert message.format(r=run, t=tmp_path) in msg and tree_state(run) == before
+    msg = error_of(lambda: evaluate.main([a.format(**fill) for a in argv]))
+    assert msg.startswith('error: ' + message.format(**fill)), msg
+    assert (tree_state(tmp_path), tree_state(run)) == before
 
 
 def test_broken_pipe_ends_quietly(run, tmp_path):
