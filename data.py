@@ -378,7 +378,7 @@ def tiny_bert(texts, max_words=8000):
 
 
 def load_pretrained(name):
-    """(fp32 masked LM, tokenizer) of a BERT- or RoBERTa-style model: a local folder or a hub id."""
+    """(fp32 masked LM, tokenizer) of a BERT-style model: a local folder or a hub id."""
     from safetensors import SafetensorError
     from transformers import AutoModelForMaskedLM, AutoTokenizer
     local = os.path.isdir(os.path.expanduser(name))

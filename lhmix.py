@@ -77,12 +77,9 @@ class LHMix(nn.Module):
                 mlm.resize_token_embeddings(self.slot_id + 1, mean_resizing=False)
             except TypeError:
                 mlm.resize_token_embeddings(self.slot_id + 1)
-        if hasattr(mlm, 'cls'):  # BERT family: dense -> act -> LayerNorm
-            self.transform = mlm.cls.predictions.transform
-        elif hasattr(mlm, 'lm_head'):  # RoBERTa family
-            self.transform = lambda x, head=mlm.lm_head: head.layer_norm(F.gelu(head.dense(x)))
-        else:
-            raise ValueError(f'{type(mlm).__name__}: not a BERT- or RoBERTa-style MLM head')
+        if not hasattr(mlm, 'cls'):
+            raise ValueError(f'{type(mlm).__name__}: not a BERT-style masked LM (cls.predictions)')
+        self.transform = mlm.cls.predictions.transform  # dense -> act -> LayerNorm
         if arch == 'prompt':
             self.label_bias = nn.Parameter(torch.zeros(V))
             self.prefix = template(D, special['cls'], special['sep'], self.depth_ids, self.slot_id)
