@@ -25,13 +25,12 @@ import data  # noqa: E402
 import lhmix  # noqa: E402
 
 
-def write_lines(path, lines):
-    path.write_text(''.join(line + '\n' for line in lines), encoding='utf-8')
+def write_lines(path, lines):  # UTF-8; a surrogate '\udce9' writes the Latin-1 byte of 'é'
+    path.write_bytes(''.join(line + '\n' for line in lines).encode('utf-8', 'surrogateescape'))
     return str(path)
 
 
-def error(call):
-    """The message of the ValueError `call` raises, checked to be one line."""
+def error(call):  # the message of the ValueError `call` raises, checked to be one line
     with pytest.raises(ValueError) as e:
         call()
     assert '\n' not in str(e.value)
@@ -39,7 +38,8 @@ def error(call):
 
 
 # -----------------------------------------------------------------------------
-# Reading files
+# Reading files. One that cannot be read (as root: without the capabilities that override
+# permissions): Python's own error, naming the file and why, is what train.py and evaluate.py print
 
 @pytest.mark.parametrize('raw, want', [
     (b'\xef\xbb\xbfa\r\nb\rc\n\nd', [(1, 'a'), (2, 'b'), (3, 'c'), (4, ''), (5, 'd')]),
@@ -57,8 +57,34 @@ def test_read_lines_as_open_splits_naming_the_line_not_utf8(tmp_path, monkeypatc
     assert data.read_lines('-') == [(1, 'x'), (2, '\u00e9')]
 
 
+def test_unreadable_files_name_the_file_and_why(saved, tmp_path):
+    if os.geteuid() == 0 and not shutil.which('setpriv'):
+        pytest.skip('running as root without setpriv: permissions cannot be tested')
+    with pytest.raises(IsADirectoryError, match=str(tmp_path)):
+        data.read_lines(str(tmp_path))
+    for folder in ('a', 'b'):
+        write_hiagm(tmp_path / folder)
+    shutil.copytree(saved, tmp_path / 'ck')
+    for part in data.tiny_bert(TEXTS):  # the model and its tokenizer
+        part.save_pretrained(tmp_path / 'model')
+    cases = [('a', 'toy_train.json', 'load_data'), ('b', 'toy.taxonomy', 'load_data'),
+             ('ck', data.WEIGHTS, 'load_checkpoint'), ('model', data.WEIGHTS, 'load_pretrained')]
+    for folder, name, _ in cases:
+        os.chmod(tmp_path / folder / name, 0)
+    script = 'import data\n' + ''.join(
+        f'try:\n    data.{load}({str(tmp_path / folder)!r})\n'
+        'except (OSError, ValueError) as e:\n    print(e)\n' for folder, _, load in cases)
+    drop = ['setpriv', '--inh-caps=-all', '--bounding-set=-all'] if os.geteuid() == 0 else []
+    out = subprocess.run(drop + [sys.executable, '-c', script], capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.abspath(data.__file__)))
+    lines = out.stdout.splitlines()
+    assert len(lines) == len(cases), out.stderr[-2000:]
+    for line, (folder, name, _) in zip(lines, cases):
+        assert str(tmp_path / folder / name) in line and 'Permission denied' in line, line
+
+
 # -----------------------------------------------------------------------------
-# HPT's WOS split, the raw WOS table and its download
+# HPT's WOS split, the raw WOS table and its download; HiAGM/HPT-format folders, load_data
 
 # Reference indices from HPT's procedure, computed once with scikit-learn 1.9.1 / numpy 2.4.6 in a
 # scratch venv outside the repo:
@@ -83,12 +109,10 @@ HPT_SPLITS = {
 }
 
 
-def summary(part):
-    return len(part), list(part[:5]), list(part[-5:]), int(sum(part))
-
-
 @pytest.mark.parametrize('n, parts', HPT_SPLITS.items())
 def test_wos_split_equals_hpt(n, parts):
+    def summary(part):
+        return len(part), list(part[:5]), list(part[-5:]), int(sum(part))
     got = data.wos_split(n)
     assert [summary(p) for p in got] == [p if isinstance(p, tuple) else summary(p) for p in parts]
     assert sorted(np.concatenate(got).tolist()) == list(range(n))  # disjoint and covering
@@ -116,8 +140,7 @@ WOS_ROWS = [
     ('0', '0', 'CS', 'Neural networks', '"Quoted ""inner"" text"', 'quoted ""inner"" text',
      'Neural networks'),
     ('0', '1', 'CS', 'Cryptography', "'data' isn't 'big'", "'data' is n't 'big'", 'Cryptography'),
-    ('2', '0', 'Psychology ', 'Attention', 'Gradient descent', 'gradient descent',
-     'Attention'),
+    ('2', '0', 'Psychology ', 'Attention', 'Gradient descent', 'gradient descent', 'Attention'),
     ('0', '0', 'CS', 'Neural networks', 'Visual attention & memory', 'visual attention & memory',
      'Neural networks'),
     ('0', '0', 'CS', 'Machine learning', 'Lattice-based encryption & keys',
@@ -147,8 +170,7 @@ def write_data_txt(folder, rows=WOS_ROWS):
     return write_lines(folder / 'Data.txt', ['\t'.join(r) for r in wos_table(rows)])
 
 
-def xlsx_bytes(rows):
-    """A minimal .xlsx: text cells as shared strings, Y1/Y2/Y as numbers."""
+def xlsx_bytes(rows):  # a minimal .xlsx: text cells as shared strings, Y1/Y2/Y as numbers
     ns, strings, xml_rows = 'http://schemas.openxmlformats.org/spreadsheetml/2006/main', [], []
     for r, row in enumerate(rows, 1):
         cells = []
@@ -175,6 +197,15 @@ def zip_bytes(files):
     return buf.getvalue()
 
 
+def check_wos(h, splits):  # WOS_ROWS as HPT reads them
+    assert h.labels == WOS_LABELS and h.names == WOS_LABELS
+    assert h.depth == [1] * 3 + [2] * 7 and h.parent == [-1, -1, -1, 0, 1, 0, 1, 2, 1, 1]
+    docs = [(clean, [WOS_LABELS.index(dom.strip()), WOS_LABELS.index(area)])
+            for _, _, dom, _, _, clean, area in WOS_ROWS]
+    assert splits == {s: [docs[i] for i in idx]
+                      for s, idx in zip(('train', 'dev', 'test'), HPT_SPLITS[16])}
+
+
 @pytest.mark.parametrize('form', ['Data.txt', 'Data.xlsx', 'WebOfScience.zip'])
 def test_load_wos_each_form_as_hpt(tmp_path, form):
     if form == 'Data.txt':
@@ -183,13 +214,7 @@ def test_load_wos_each_form_as_hpt(tmp_path, form):
         xlsx = xlsx_bytes(wos_table())
         (tmp_path / form).write_bytes(xlsx if form == 'Data.xlsx' else zip_bytes(
             {'WebOfScience/Meta-data/Data.xlsx': xlsx}))
-    h, splits = data.load_wos(str(tmp_path))
-    assert h.labels == WOS_LABELS and h.names == WOS_LABELS
-    assert h.depth == [1] * 3 + [2] * 7 and h.parent == [-1, -1, -1, 0, 1, 0, 1, 2, 1, 1]
-    docs = [(clean, [WOS_LABELS.index(dom.strip()), WOS_LABELS.index(area)])
-            for _, _, dom, _, _, clean, area in WOS_ROWS]
-    assert splits == {s: [docs[i] for i in idx]
-                      for s, idx in zip(('train', 'dev', 'test'), HPT_SPLITS[16])}
+    check_wos(*data.load_wos(str(tmp_path)))
 
 
 @pytest.mark.parametrize('rows, labels, names, docs', [
@@ -218,9 +243,8 @@ def test_clean_str_by_hand():
     assert data.clean_str("Smith's 'dog'") == "smith 's 'dog'"
 
 
-def bad_field(lines):
-    lines[3] = lines[3].rsplit('\t', 1)[0]  # line 4: the abstract is missing
-    return lines
+def bad_field(lines):  # line 4: the abstract is missing
+    return lines[:3] + [lines[3].rsplit('\t', 1)[0]] + lines[4:]
 
 
 @pytest.mark.parametrize('edit, message', [
@@ -244,15 +268,12 @@ class Site(BaseHTTPRequestHandler):
         code, kind, body = {'/refused': (403, 'text/plain', b'no'), '/moved': (302, '', b''),
                             '/html': (200, 'text/html', b'<html>sign in</html>'),
                             '/zip': (200, 'application/zip', Site.archive)}[self.path]
-        self.send_response(code)
+        self.send_response_only(code)  # send_response would log the request to stderr
         for name, value in (('Location', '/zip'), ('Content-Type', kind),
                             ('Content-Length', str(len(body)))):
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
 
 
 @pytest.fixture
@@ -277,10 +298,7 @@ def test_wos_download(tmp_path, site, monkeypatch, urls, failures):
     monkeypatch.setattr(data, 'WOS_URLS', tuple(site + u for u in urls))
     folder = tmp_path / 'wos'
     if failures is None:
-        h, splits = data.load_wos(str(folder))
-        write_data_txt(tmp_path / 'txt')
-        h0, splits0 = data.load_wos(str(tmp_path / 'txt'))
-        assert (h.labels, splits) == (h0.labels, splits0)
+        check_wos(*data.load_wos(str(folder)))
         assert os.listdir(folder) == ['WebOfScience.zip']
         assert (folder / 'WebOfScience.zip').read_bytes() == Site.archive
         assert Site.agents == [data.BROWSER] * 3  # the redirect too
@@ -294,9 +312,6 @@ def test_wos_download(tmp_path, site, monkeypatch, urls, failures):
     assert not folder.exists()
 
 
-# -----------------------------------------------------------------------------
-# HiAGM/HPT-format folders, load_data
-
 def write_hiagm(folder, train_lines=None, val_lines=None, test_lines=None):
     folder.mkdir(parents=True, exist_ok=True)
     write_lines(folder / 'toy.taxonomy', ['Root\tCCAT\tGCAT', 'CCAT\tC15\tC17', 'C15\tC151'])
@@ -309,63 +324,6 @@ def write_hiagm(folder, train_lines=None, val_lines=None, test_lines=None):
     write_lines(folder / 'toy_test.json', test_lines or [json.dumps({'token': ['a', 'b'],
                                                                      'label': ['C15', 'GCAT']})])
     return folder
-
-
-def test_load_hiagm_keeps_and_counts_empty_texts_and_unlabelled(tmp_path, capsys):
-    h, splits = data.load_data(str(write_hiagm(tmp_path / 'a')))
-    assert h.labels == ['CCAT', 'GCAT', 'C15', 'C17', 'C151']
-    assert h.names == ['Corporate/Industrial', 'GCAT', 'Performance', 'C17', 'C151']
-    assert splits == {'train': [('profits rose', [0, 2, 4]), ('markets fell', [0, 1, 3])],  # closed
-                      'dev': [('war news', [1])], 'test': [('a b', [0, 1, 2])]}
-    assert capsys.readouterr().err == ''  # nothing to warn of
-    doc = {'token': 'x', 'label': ['GCAT']}
-    folder = write_hiagm(tmp_path / 'b', [json.dumps(d) for d in (
-        {**doc, 'token': []}, doc, {**doc, 'label': []}, {**doc, 'token': ' '})],
-        test_lines=[json.dumps(doc), json.dumps({**doc, 'label': []})])
-    h, splits = data.load_data('ignored', str(folder))
-    assert splits['train'] == [('', [1]), ('x', [1]), ('x', []), (' ', [1])]
-    assert splits['test'] == [('x', [1]), ('x', [])]
-    assert capsys.readouterr().err == (f'warning: {folder}: train 2 empty texts, 1 without labels; '
-                                       'test 0 empty texts, 1 without labels (kept)\n')
-    assert error(lambda: data.load_data('demo', str(tmp_path))) == \
-        f'--data-dir {tmp_path}: --data demo is built in and reads no folder'
-
-
-def latin1(line):
-    def edit(lines):  # a Latin-1 'é' in line `line`
-        lines[line - 1] = lines[line - 1][:5] + '\udce9' + lines[line - 1][5:]
-        return lines
-    return edit
-
-
-GOOD = json.dumps({'token': 'x', 'label': ['GCAT']})
-
-
-@pytest.mark.parametrize('name, lines, message', [
-    ('toy_val.json', [GOOD, '{"token": "x", "label": ['], ':2: malformed JSON'),
-    ('toy_val.json', ['[1, 2]'], ':1: expected an object with `token`'),
-    ('toy_train.json', [GOOD, GOOD, '{"token": "x", "label": ["NOPE"]}'],
-     ':3: label "NOPE" is neither a label of {f}/toy.taxonomy nor an id in {f}/value_dict.pt'),
-    ('toy_train.json', [GOOD, '{"token": "x", "label": [11]}'], ':2: label 11 is neither'),
-    ('toy_train.json', [GOOD, '{"token": "x", "label": ["GCAT", null]}'], ':2: label null is'),
-    ('toy_train.json', [GOOD, '{"token": ["a", 3], "label": ["GCAT"]}'], ':2: expected an object'),
-    ('toy_train.json', [GOOD, '{"token": 5, "label": ["GCAT"]}'], ':2: expected an object'),
-    ('toy.taxonomy', ['', ''], ': empty'),
-    ('toy_train.json', [''], ': no documents (the train split may not be empty)'),
-    ('toy_val.json', [json.dumps({'token': 'x', 'label': []})] * 2,
-     ': no document has a label (the dev split)'),
-    ('toy_test.json', [''], ': no documents (the test split may not be empty)'),
-    ('label_names.tsv', ['CCAT\tCorporate', 'C15'], ':2: expected code<TAB>name'),
-    ('toy_train.json', latin1(3), ':3: not UTF-8'), ('toy_val.json', latin1(1), ':1: not UTF-8'),
-    ('toy.taxonomy', latin1(2), ':2: not UTF-8'), ('label_names.tsv', latin1(2), ':2: not UTF-8'),
-])
-def test_load_hiagm_errors_name_file_and_line(tmp_path, name, lines, message):
-    folder = write_hiagm(tmp_path)
-    if callable(lines):
-        lines = lines((folder / name).read_text().splitlines())
-    (folder / name).write_bytes(''.join(f'{s}\n' for s in lines).encode('utf-8', 'surrogateescape'))
-    assert error(lambda: data.load_data(str(folder))).startswith(
-        f'{folder / name}{message.format(f=folder)}')
 
 
 def write_hpt_folder(folder, taxonomy, value_dict, splits):
@@ -392,7 +350,24 @@ def write_hpt_wos(folder):
     return folder
 
 
-def test_load_hiagm_reads_hpt_folders(tmp_path):
+def test_hiagm_and_hpt_folders_empty_texts_and_unlabelled_kept_and_counted(tmp_path, capsys):
+    h, splits = data.load_data(str(write_hiagm(tmp_path / 'a')))
+    assert h.labels == ['CCAT', 'GCAT', 'C15', 'C17', 'C151']
+    assert h.names == ['Corporate/Industrial', 'GCAT', 'Performance', 'C17', 'C151']
+    assert splits == {'train': [('profits rose', [0, 2, 4]), ('markets fell', [0, 1, 3])],  # closed
+                      'dev': [('war news', [1])], 'test': [('a b', [0, 1, 2])]}
+    assert capsys.readouterr().err == ''  # nothing to warn of
+    doc = {'token': 'x', 'label': ['GCAT']}
+    folder = write_hiagm(tmp_path / 'b', [json.dumps(d) for d in (
+        {**doc, 'token': []}, doc, {**doc, 'label': []}, {**doc, 'token': ' '})],
+        test_lines=[json.dumps(doc), json.dumps({**doc, 'label': []})])
+    h, splits = data.load_data('ignored', str(folder))
+    assert splits['train'] == [('', [1]), ('x', [1]), ('x', []), (' ', [1])]
+    assert splits['test'] == [('x', [1]), ('x', [])]
+    assert capsys.readouterr().err == (f'warning: {folder}: train 2 empty texts, 1 without labels; '
+                                       'test 0 empty texts, 1 without labels (kept)\n')
+    assert error(lambda: data.load_data('demo', str(tmp_path))) == \
+        f'--data-dir {tmp_path}: --data demo is built in and reads no folder'
     h, splits = data.load_hiagm(str(write_hpt_wos(tmp_path / 'WebOfScience')))
     assert h.labels == ['CS', 'Medical', 'Machine learning', 'HIV/AIDS']  # the taxonomy's order
     assert h.names == ['CS', 'Medical', 'Machine learning', 'HIV/AIDS']  # value_dict's, not 'AIDS'
@@ -417,21 +392,48 @@ def test_load_hiagm_reads_hpt_folders(tmp_path):
         "'Top/Features/Arts']")
 
 
-@pytest.mark.parametrize('edit, message', [
-    (lambda f: write_lines(f / 'WebOfScience_train.json', ['{"token": "x", "label": [1, 9]}']),
-     "{f}/WebOfScience_train.json:1: label 9 is neither a label of {f}/wos.taxnomy nor an id in "
-     "{f}/value_dict.pt"),
-    (lambda f: torch.save({0: 'CS', 1: 'Medical', 2: 'Deep learning', 3: 'HIV/AIDS'},
-                          f / 'value_dict.pt'),
-     "{f}/value_dict.pt: id 2 ('Deep learning') names no label of {f}/wos.taxnomy"),
-    *[(edit, '{f}/value_dict.pt: not a torch file of {{label id (int): name (str)}}') for edit in
-      (lambda f: (f / 'value_dict.pt').write_bytes(b'not a torch file'),
-       lambda f: torch.save({'0': 'CS'}, f / 'value_dict.pt'))],
+GOOD = json.dumps({'token': 'x', 'label': ['GCAT']})
+
+
+@pytest.mark.parametrize('name, lines, message', [
+    ('toy_val.json', [GOOD, '{"token": "x", "label": ['], ':2: malformed JSON'),
+    ('toy_val.json', ['[1, 2]'], ':1: expected an object with `token`'),
+    ('toy_train.json', [GOOD, GOOD, '{"token": "x", "label": ["NOPE"]}'],
+     ':3: label "NOPE" is neither a label of {f}/toy.taxonomy nor an id in {f}/value_dict.pt'),
+    ('toy_train.json', [GOOD, '{"token": "x", "label": [11]}'], ':2: label 11 is neither'),
+    ('toy_train.json', [GOOD, '{"token": "x", "label": ["GCAT", null]}'], ':2: label null is'),
+    ('toy_train.json', [GOOD, '{"token": ["a", 3], "label": ["GCAT"]}'], ':2: expected an object'),
+    ('toy_train.json', [GOOD, '{"token": 5, "label": ["GCAT"]}'], ':2: expected an object'),
+    ('toy.taxonomy', ['', ''], ': empty'),
+    ('toy_train.json', [''], ': no documents (the train split may not be empty)'),
+    ('toy_val.json', [json.dumps({'token': 'x', 'label': []})] * 2,
+     ': no document has a label (the dev split)'),
+    ('toy_test.json', [''], ': no documents (the test split may not be empty)'),
+    ('label_names.tsv', ['CCAT\tCorporate', 'C15'], ':2: expected code<TAB>name'),
+    # a Latin-1 'é' in line n of the file
+    ('toy_train.json', 3, ':3: not UTF-8'), ('toy_val.json', 1, ':1: not UTF-8'),
+    ('toy.taxonomy', 2, ':2: not UTF-8'), ('label_names.tsv', 2, ':2: not UTF-8'),
+    # HPT's WOS folder: label ids, value_dict.pt
+    ('WebOfScience_train.json', ['{"token": "x", "label": [1, 9]}'],
+     ':1: label 9 is neither a label of {f}/wos.taxnomy nor an id in {f}/value_dict.pt'),
+    ('value_dict.pt', {0: 'CS', 1: 'Medical', 2: 'Deep learning', 3: 'HIV/AIDS'},
+     ": id 2 ('Deep learning') names no label of {f}/wos.taxnomy"),
+    *[('value_dict.pt', bad, ': not a torch file of {{label id (int): name (str)}}')
+      for bad in (['not a torch file'], {'0': 'CS'})],
 ])
-def test_load_hiagm_value_dict_errors(tmp_path, edit, message):
-    folder = write_hpt_wos(tmp_path / 'WebOfScience')
-    edit(folder)
-    assert error(lambda: data.load_hiagm(str(folder))).startswith(message.format(f=folder))
+def test_load_hiagm_errors_name_file_and_line(tmp_path, name, lines, message):
+    hpt = name in ('WebOfScience_train.json', 'value_dict.pt')
+    folder = (write_hpt_wos if hpt else write_hiagm)(tmp_path / 'WebOfScience')
+    path = folder / name
+    if isinstance(lines, dict):
+        torch.save(lines, path)
+    else:
+        if isinstance(lines, int):
+            n, lines = lines, path.read_text().splitlines()
+            lines[n - 1] = lines[n - 1][:5] + '\udce9' + lines[n - 1][5:]
+        write_lines(path, lines)
+    msg = error(lambda: data.load_data(str(folder)))
+    assert msg.startswith(f'{path}{message.format(f=folder)}')
 
 
 # -----------------------------------------------------------------------------
@@ -492,13 +494,10 @@ def test_checkpoint_round_trip_without_pickle_in_the_umask_modes(tmp_path, monke
     loaded, tok2, meta = data.load_checkpoint(str(folder))
     assert (meta['epoch'], meta['dev'], meta['arch'], meta['max_length']) == \
         (7, {'f1': 0.5}, arch, 64)
-    assert meta['extra'].keys() == extra.keys()
-    assert all(torch.equal(meta['extra'][k], v) for k, v in extra.items())
+    for got, want in ((meta['extra'], extra), (loaded.state_dict(), model.state_dict())):
+        assert got.keys() == want.keys() and all(torch.equal(v, want[k]) for k, v in got.items())
     assert loaded.hierarchy.labels == list(PARENTS) and loaded.prefix == model.prefix
     assert tok2.convert_ids_to_tokens(tokens[0].tolist()) == TEXTS[0].split()
-    want = model.state_dict()
-    assert loaded.state_dict().keys() == want.keys()
-    assert all(torch.equal(v, want[k]) for k, v in loaded.state_dict().items())
     emb, dec = loaded.mlm.get_input_embeddings(), loaded.mlm.get_output_embeddings()
     assert dec.weight is emb.weight  # still tied: training one trains the other
     assert 'mlm.cls.predictions.decoder.weight' not in load_file(folder / data.WEIGHTS)  # once
@@ -509,16 +508,12 @@ def test_checkpoint_round_trip_without_pickle_in_the_umask_modes(tmp_path, monke
 
 
 def _drop_a_weight(path):
-    with safe_open(path, 'pt') as f:
-        meta = f.metadata()
+    meta = safe_open(path, 'pt').metadata()
     save_file({k: v for k, v in load_file(path).items() if k != 'label_bias'}, path, meta)
 
 
-def _auto_map(name):
-    def damage(path):
-        config = json.loads((path.parent / name).read_text())
-        (path.parent / name).write_text(json.dumps({**config, 'auto_map': {'AutoModel': 'x.M'}}))
-    return damage
+def _auto_map(path):  # a config asking transformers to run custom code
+    path.write_text(json.dumps({**json.loads(path.read_text()), 'auto_map': {'AutoModel': 'x.M'}}))
 
 
 CORRUPT = '{c}: unreadable, truncated or corrupt ('
@@ -533,9 +528,9 @@ CORRUPT = '{c}: unreadable, truncated or corrupt ('
     (os.remove, None, '{c}: not an LH-Mix checkpoint (no model.safetensors)'),
     (lambda p: os.remove(p.parent / 'tokenizer.json'), None,
      '{c}: not an LH-Mix checkpoint (no tokenizer.json)'),
-    (_auto_map('config.json'), None,
+    (lambda p: _auto_map(p.parent / 'config.json'), None,
      '{c}/config.json: asks to run custom code (auto_map); refused'),
-    (_auto_map('tokenizer_config.json'), None,
+    (lambda p: _auto_map(p.parent / 'tokenizer_config.json'), None,
      '{c}/tokenizer_config.json: asks to run custom code (auto_map); refused'),
     (None, lambda c: (c, lhmix.Hierarchy({'Sci': None})),
      '{c}: its labels differ from those of the data'),
@@ -576,36 +571,3 @@ def test_kill_during_save_leaves_the_old_checkpoint(saved, tmp_path, monkeypatch
     data.save_checkpoint(str(folder), model, tok, {'epoch': 8})  # the next save is not in the way
     data.save_checkpoint(str(tmp_path / 'new'), model, tok, {'epoch': 8})
     assert [data.load_checkpoint(str(f))[2]['epoch'] for f in (folder, tmp_path / 'new')] == [8, 8]
-
-
-# -----------------------------------------------------------------------------
-# A file that cannot be read (as root: without the capabilities that override permissions):
-# Python's own error, naming the file and why, is what train.py and evaluate.py print
-
-def test_unreadable_files_name_the_file_and_why(saved, tmp_path):
-    if os.geteuid() == 0 and not shutil.which('setpriv'):
-        pytest.skip('running as root without setpriv: permissions cannot be tested')
-    with pytest.raises(IsADirectoryError, match=str(tmp_path)):
-        data.read_lines(str(tmp_path))
-    a, b = write_hiagm(tmp_path / 'a'), write_hiagm(tmp_path / 'b')
-    shutil.copytree(saved, tmp_path / 'ck')
-    mlm, tok = data.tiny_bert(TEXTS)
-    mlm.save_pretrained(tmp_path / 'model')
-    tok.save_pretrained(tmp_path / 'model')
-    cases = [(a / 'toy_train.json', f'data.load_data({str(a)!r})'),
-             (b / 'toy.taxonomy', f'data.load_data({str(b)!r})'),
-             (tmp_path / 'ck' / data.WEIGHTS, f"data.load_checkpoint({str(tmp_path / 'ck')!r})"),
-             (tmp_path / 'model' / data.WEIGHTS,
-              f"data.load_pretrained({str(tmp_path / 'model')!r})")]
-    for path, _ in cases:
-        os.chmod(path, 0)
-    script = 'import data\n' + ''.join(
-        f'try:\n    {call}\nexcept (OSError, ValueError) as e:\n    print(e)\n'
-        for _, call in cases)
-    drop = ['setpriv', '--inh-caps=-all', '--bounding-set=-all'] if os.geteuid() == 0 else []
-    out = subprocess.run(drop + [sys.executable, '-c', script], capture_output=True, text=True,
-                         cwd=os.path.dirname(os.path.abspath(data.__file__)))
-    lines = out.stdout.splitlines()
-    assert len(lines) == len(cases), out.stderr[-2000:]
-    for line, (path, _) in zip(lines, cases):
-        assert str(path) in line and 'Permission denied' in line, line
