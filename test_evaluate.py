@@ -173,7 +173,8 @@ def test_texts_one_json_line_per_input_line(tmp_path, capsys):
     data.save_checkpoint(tmp_path / 'ck', model, tok, {})
     lines = [TEXTS[0], '', ' '.join(['light waves bend in glass'] * 20), TEXTS[2]]
     (tmp_path / 'in.txt').write_text('\n'.join(lines) + '\n', encoding='utf-8')
-    evaluate.main(['--ckpt', str(tmp_path / 'ck'), '--texts', str(tmp_path / 'in.txt')])
+    evaluate.main(['--ckpt', str(tmp_path / 'ck'), '--texts', str(tmp_path / 'in.txt'),
+                   '--device', 'cpu'])  # fp32, as the scores computed below
     cap = capsys.readouterr()
     out = [json.loads(line) for line in cap.out.splitlines()]
     assert out[1] == {'labels': [], 'paths': [], 'scores': {}, 'truncated': False}
