@@ -322,9 +322,11 @@ def train(args, given):
         opt.load_state_dict({'state': state, 'param_groups': opt.state_dict()['param_groups']})
     table = rows = None
     if args.mix == 'lhmix':  # the initial encoder's, frozen (Sec. 4.1); kept in last/ for --resume
-        table, rows = ((extra['table'], extra['rows']) if history else
-                       lhmix.local_hierarchy_table(model, tokenizer, gold['train']))
-        table, rows = table.to(device), rows.cpu()  # each document's row on the host
+        if not history:
+            extra = dict(zip(('table', 'rows'),
+                             lhmix.local_hierarchy_table(model, tokenizer, gold['train'])))
+            print(f"{len(extra['table'])} distinct local hierarchies encoded")
+        table, rows = extra['table'].to(device), extra['rows'].cpu()  # rows stay on the host
     step = make_step(model, opt, graphs, table, args.alpha, args.beta)
 
     steps = -(-len(docs) // args.batch)  # one bar for the run, off when not a terminal
