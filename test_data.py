@@ -512,10 +512,6 @@ def _drop_a_weight(path):
     save_file({k: v for k, v in load_file(path).items() if k != 'label_bias'}, path, meta)
 
 
-def _auto_map(path):  # a config asking transformers to run custom code
-    path.write_text(json.dumps({**json.loads(path.read_text()), 'auto_map': {'AutoModel': 'x.M'}}))
-
-
 CORRUPT = '{c}: unreadable, truncated or corrupt ('
 
 
@@ -528,10 +524,6 @@ CORRUPT = '{c}: unreadable, truncated or corrupt ('
     (os.remove, None, '{c}: not an LH-Mix checkpoint (no model.safetensors)'),
     (lambda p: os.remove(p.parent / 'tokenizer.json'), None,
      '{c}: not an LH-Mix checkpoint (no tokenizer.json)'),
-    (lambda p: _auto_map(p.parent / 'config.json'), None,
-     '{c}/config.json: asks to run custom code (auto_map); refused'),
-    (lambda p: _auto_map(p.parent / 'tokenizer_config.json'), None,
-     '{c}/tokenizer_config.json: asks to run custom code (auto_map); refused'),
     (None, lambda c: (c, lhmix.Hierarchy({'Sci': None})),
      '{c}: its labels differ from those of the data'),
     (None, lambda c: (c.parent, None), '{r}: a run, not a checkpoint: pass {c}'),
@@ -544,6 +536,22 @@ def test_damaged_checkpoint_one_line(saved, tmp_path, damage, ask, message):
     path, hierarchy = ask(folder) if ask else (folder, None)
     msg = error(lambda: data.load_checkpoint(str(path), hierarchy=hierarchy))
     assert msg.startswith(message.format(c=folder, r=folder.parent))
+
+
+def test_no_code_from_a_checkpoint_or_model_folder_runs(saved, tmp_path):
+    ck, model = shutil.copytree(saved, tmp_path / 'ck'), tmp_path / 'model'
+    for x in data.tiny_bert(TEXTS):
+        x.save_pretrained(model)
+    for folder in (ck, model):  # auto_map: transformers' way to ask for the folder's code
+        (folder / 'evil.py').write_text(f"open({str(tmp_path / 'ran')!r}, 'w')\nclass X: pass\n")
+        for name in ('config.json', 'tokenizer_config.json'):
+            path = folder / name
+            path.write_text(json.dumps({**json.loads(path.read_text()), 'auto_map': {
+                'AutoConfig': 'evil.X', 'AutoModelForMaskedLM': 'evil.X',
+                'AutoTokenizer': ['evil.X', 'evil.X']}}))
+    data.load_checkpoint(str(ck))
+    data.load_pretrained(str(model))
+    assert not (tmp_path / 'ran').exists()
 
 
 @pytest.mark.parametrize('killed', [False, True])
