@@ -199,13 +199,14 @@ def summary(run_dirs):
     return rows
 
 
-# The paper's label case study (its t-SNE figure around "Hockey")
+# The paper's label case study (its t-SNE figure around "Hockey"): nearest labels by the
+# verbalizer's embeddings, at initialisation and after training
+
 
 def similar_main(args, device):
-    """The --top labels nearest to --similar by cosine of the verbalizer's embeddings after
-    training, each with its rank at initialisation (rebuilt from the run's pretrained model)."""
+    """change = rank at init (rebuilt from the run's pretrained model) - rank after training."""
     model, _, meta = data.load_checkpoint(args.ckpt, device)
-    h, label = model.hierarchy, args.similar
+    h, label, top = model.hierarchy, args.similar, args.top
     hits = [u for u, name in enumerate(h.names)
             if label == h.labels[u] or label.lower() == name.lower()]
     if len(hits) != 1:  # a wrong label is the first thing to say
@@ -221,19 +222,21 @@ def similar_main(args, device):
                          '(vocabulary or width differs)')
     init = lhmix.build_model(mlm, tokenizer, h, model.arch, model.max_length)
 
-    def ranks(m):  # cosines to v, {label: rank}: 1 = nearest, ties by label id (a stable sort)
+    def ranks(m):  # {label: rank}, 1 = nearest, ties by label id (a stable sort)
         emb = m.label_embeddings().detach().float().cpu()
         cos = torch.nn.functional.cosine_similarity(emb, emb[v:v + 1]).tolist()
         order = sorted((u for u in range(len(h)) if u != v), key=lambda u: -cos[u])
         return cos, {u: i for i, u in enumerate(order, 1)}
 
     (_, at_init), (cos, trained) = ranks(init), ranks(model)
-    k = min(args.top, len(trained))
-    print(f'labels nearest to {h.labels[v]} ({h.names[v]}) by cosine of the label embeddings\n'
-          f"{'trained':>7} {'init':>5} {'cos':>7}  label")
-    for u in sorted(trained, key=trained.get)[:k]:
-        print(f'{trained[u]:>7} {at_init[u]:>5} {cos[u]:7.3f}  {h.labels[u]} ({h.names[u]})')
-    kept = sum(max(trained[u], at_init[u]) <= k for u in trained)
+    print(f'labels nearest to {h.labels[v]} ({h.names[v]}) by cosine of the label embeddings, '
+          f"top {top}\n{'trained':>7} {'init':>5} {'change':>6} {'cos':>7}  label")
+    for u in sorted(trained, key=trained.get):
+        if min(trained[u], at_init[u]) <= top:  # 'new': not in the top at init
+            change = 'new' if at_init[u] > top else f'{at_init[u] - trained[u]:+d}'
+            print(f'{trained[u]:>7} {at_init[u]:>5} {change:>6} {cos[u]:7.3f}  '
+                  f'{h.labels[u]} ({h.names[u]})')
+    k, kept = min(top, len(trained)), sum(max(trained[u], at_init[u]) <= top for u in trained)
     print(f'{kept} of the top {k} after training were in the top {k} at initialisation')
 
 

@@ -219,8 +219,10 @@ def test_similar_ranks_at_init_and_after_training(tmp_path, capsys):
     c = torch.nn.functional.cosine_similarity(init, init[5:6], dim=1)
     order = [u for u in torch.argsort(c, descending=True, stable=True).tolist() if u != 5]
     rank_init = {u: i + 1 for i, u in enumerate(order)}
-    want = [[str(rank_trained[u]), str(rank_init[u]), f'{cos[u]:.3f}', h.labels[u]]
-            for u in (0, 2, 3)]  # the top 3 after training
-    assert outs[0] == outs[1] and [x.split()[:4] for x in outs[0][2:-1]] == want
+    # change = rank at init - rank after training; 'new': not in the top 3 at init
+    want = [[str(rank_trained[u]), str(rank_init[u]), 'new' if rank_init[u] > 3 else
+             f'{rank_init[u] - rank_trained[u]:+d}', f'{cos[u]:.3f}', h.labels[u]]
+            for u in (0, 2, 3, 1, 4) if min(rank_trained[u], rank_init[u]) <= 3]
+    assert outs[0] == outs[1] and [x.split()[:5] for x in outs[0][2:-1]] == want
     kept = sum(max(rank_trained[u], rank_init[u]) <= 3 for u in range(5))
     assert outs[0][-1] == f'{kept} of the top 3 after training were in the top 3 at initialisation'
