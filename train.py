@@ -297,6 +297,9 @@ def train(args, given):
     if not 0 < max_text <= model.text_budget(most):
         raise ValueError(f'--max-length {args.max_length} leaves {max_text} text tokens for this '
                          f'model (at most {most} positions)')
+    if args.mix != 'none' and args.epochs <= args.warmup_epochs:
+        print(f'warning: --epochs {args.epochs} <= --warmup-epochs {args.warmup_epochs}: Mixup '
+              'never starts', file=sys.stderr)
     tokens, cut, gold = {}, {}, {}
     for name, split in (('train', docs), ('dev', splits['dev']), ('test', splits['test'])):
         tokens[name], cut[name] = lhmix.tokenize(tokenizer, [t for t, _ in split], max_text)
