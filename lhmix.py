@@ -18,8 +18,8 @@ except ImportError:
 # Sec. 3: hierarchy, prompt template, model and verbalizer (Eq. 1), ZMLCE (Eq. 2)
 
 class Hierarchy:
-    """A label tree, ids in the order given, depth 1 at the top. From label to: `parents` (None or
-    'Root' at the top), `names` (default: after the last '/'), `lines` (where, for errors)."""
+    """A label tree, ids in the order given, depth 1 at the top. Maps from labels: `parents`
+    (None or 'Root' at the top), `names` (default: after the last '/'), `lines` (for errors)."""
 
     def __init__(self, parents, names=None, lines=None):
         lines, n = lines or {}, len(parents)
@@ -107,8 +107,11 @@ class LHMix(nn.Module):
     def encode(self, input_ids, attention_mask):
         return self.mlm.base_model(input_ids, attention_mask).last_hidden_state
 
-    def slots(self, hidden):  # (B, rows, H): each depth's [P] (at 2, 4, ..., 2D); bert: [CLS]
-        return hidden[:, :1] if self.arch == 'bert' else hidden[:, 2:2 * len(self.depth_ids) + 1:2]
+    def slots(self, hidden):
+        """(B, rows, H): the [P] of each depth (positions 2, 4, ..., 2D), or [CLS] for bert."""
+        if self.arch == 'bert':
+            return hidden[:, :1]
+        return hidden[:, 2:2 * len(self.depth_ids) + 1:2]
 
     def score(self, slot_hidden):
         """Eq. 1: (B, rows, V) label scores p^d; only `self.valid` entries are meaningful."""

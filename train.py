@@ -40,14 +40,14 @@ DEFAULTS = dict(
     no_mlm=False,               # HPT's auxiliary MLM loss on, as in the authors' code
     epochs=100,                 # this implementation's cap: early stopping ends runs before it
     seed=0, train_fraction=1.0)
-# each number's valid range (lo, hi]
-RANGES = dict(lr=(0, math.inf), alpha=(0, math.inf), beta=(0.5, 1), mix_alpha=(0, math.inf),
-              train_fraction=(0, 1), epochs=(0, math.inf), early_stop=(0, math.inf),
-              warmup_epochs=(-1, math.inf), batch=(0, math.inf), max_length=(0, math.inf))
 # bf16 autocast on GPUs (fp16 without bf16) is this implementation's; the authors trained in fp32.
 DEMO = dict(model='tiny', epochs=12, warmup_epochs=4, lr=1e-3, max_length=128)  # --data demo
 MLM_RATE = 0.15  # HPT's MLM loss masks 15% of the text word-pieces
 RUN = ('best', 'last', evaluate.METRICS, evaluate.TEST_METRICS)  # a run folder's files
+# each number's valid range (lo, hi]
+RANGES = dict(lr=(0, math.inf), alpha=(0, math.inf), beta=(0.5, 1), mix_alpha=(0, math.inf),
+              train_fraction=(0, 1), epochs=(0, math.inf), early_stop=(0, math.inf),
+              warmup_epochs=(-1, math.inf), batch=(0, math.inf), max_length=(0, math.inf))
 
 
 def parse(argv=None):
@@ -323,13 +323,12 @@ def train(args, given):
                 _, i, name = key.split('.')
                 state.setdefault(int(i), {})[name] = v
         opt.load_state_dict({'state': state, 'param_groups': opt.state_dict()['param_groups']})
-    table = rows = None
-    if args.mix == 'lhmix':  # the initial encoder's, frozen (Sec. 4.1); kept in last/ for --resume
-        if not history:
-            extra = dict(zip(('table', 'rows'),
-                             lhmix.local_hierarchy_table(model, tokenizer, gold['train'])))
-            print(f"{len(extra['table'])} distinct local hierarchies encoded")
-        table, rows = extra['table'].to(device), extra['rows'].cpu()  # rows stay on the host
+    table, rows = extra.get('table'), extra.get('rows')
+    if args.mix == 'lhmix' and table is None:  # the initial encoder, frozen (Sec. 4.1)
+        table, rows = lhmix.local_hierarchy_table(model, tokenizer, gold['train'])
+        print(f'{len(table)} distinct local hierarchies encoded')
+    if table is not None:  # the table on the device, each document's row on the host
+        table, rows = table.to(device), rows.cpu()
     step = make_step(model, opt, graphs, table, args.alpha, args.beta)
 
     steps = -(-len(docs) // args.batch)  # one bar for the run, off when not a terminal
