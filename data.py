@@ -381,9 +381,9 @@ def load_pretrained(name):
     """(fp32 masked LM, tokenizer) of a BERT-style model: a local folder or a hub id."""
     from safetensors import SafetensorError
     from transformers import AutoModelForMaskedLM, AutoTokenizer
-    local = os.path.isdir(os.path.expanduser(name))
+    name = os.path.expanduser(name)  # a hub id has no '~'
+    local = os.path.isdir(name)
     if local:
-        name = os.path.expanduser(name)
         for f in os.scandir(name):  # safetensors says 'No such file' of one it may not read
             if f.is_file():
                 open(f.path, 'rb').close()

@@ -124,10 +124,11 @@ def cuda_graphs_unavailable(device):
 
 class CUDAGraphs:
     """fn(**tensors) replayed from a CUDA graph captured once per set of input shapes (no Python
-    or launch overhead). A replay overwrites the graph's outputs."""
+    or launch overhead), warmup(**tensors) run before each capture. A replay overwrites the
+    graph's outputs."""
 
-    def __init__(self, fn, warmup=None):
-        self.fn, self.warmup, self.graphs = fn, warmup or fn, {}
+    def __init__(self, fn, warmup):
+        self.fn, self.warmup, self.graphs = fn, warmup, {}
         self.pool = torch.cuda.graph_pool_handle()
 
     def __call__(self, **inputs):
