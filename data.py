@@ -5,7 +5,6 @@ import json
 import math
 import os
 import re
-import shutil
 import sys
 import tempfile
 import zipfile
@@ -20,17 +19,13 @@ from lhmix import Hierarchy, LHMix
 
 
 def read_lines(path):
-    """[(line number, line)] of a UTF-8 file (`-`: stdin), without a BOM; an undecodable line is
-    named (Python's own error names no line)."""
-    raw = sys.stdin.buffer.read() if path == '-' else Path(path).read_bytes()
-    out = []
-    for n, line in enumerate(raw.removeprefix(b'\xef\xbb\xbf').splitlines(), 1):  # as open()
-        try:
-            out.append((n, line.decode()))
-        except UnicodeDecodeError as e:
-            raise ValueError(f'{path}:{n}: not UTF-8 text ({e.reason} at byte {e.start + 1} of '
-                             'the line)') from None
-    return out
+    """[(line number, line)] of a UTF-8 file (`-`: stdin), as open() splits it."""
+    try:
+        with open(sys.stdin.fileno() if path == '-' else path, encoding='utf-8-sig',
+                  closefd=path != '-') as f:
+            return [(n, line.rstrip('\n')) for n, line in enumerate(f, 1)]
+    except UnicodeDecodeError as e:  # Python's own names no file
+        raise ValueError(f'{path}: not UTF-8 text ({e.reason})') from None
 
 
 # -----------------------------------------------------------------------------
@@ -210,8 +205,6 @@ def load_hiagm(folder):
     """HiAGM's format: *_train.json, *_dev.json (or *_val.json), *_test.json (a JSON object a line),
     one *.taxonomy (HPT's WOS: wos.taxnomy), optionally label_names.tsv (code<TAB>name); labels
     by name or, as HPT's data_*.py write them, by id with value_dict.pt. Closed upward."""
-    if not os.path.isdir(folder):
-        raise ValueError(f'data folder {folder!r} does not exist')
     files = sorted(os.listdir(folder))
     own = os.path.basename(os.path.normpath(folder)) + '_'
 
@@ -223,14 +216,6 @@ def load_hiagm(folder):
             raise ValueError(f'{folder!r}: expected one {what} file, found {found or "none"}')
         return os.path.join(folder, found[0])
 
-    names = {}
-    names_file = os.path.join(folder, 'label_names.tsv')
-    for n, line in read_lines(names_file) if os.path.exists(names_file) else []:
-        code, _, name = line.partition('\t')
-        if line.strip():
-            if not name.strip():
-                raise ValueError(f'{names_file}:{n}: expected code<TAB>name')
-            names[code.strip()] = name.strip()
     taxonomy = one(('.taxonomy', '.taxnomy'), '*.taxonomy (or wos.taxnomy)')
     parents, lines = read_taxonomy(taxonomy)
     ids_file = os.path.join(folder, 'value_dict.pt')
@@ -255,8 +240,9 @@ def load_hiagm(folder):
                                  'string or a list of strings, and a list `label` (or `doc_label`)')
             for v in labels:
                 if not (v in parents if isinstance(v, str) else type(v) is int and v in value_dict):
-                    raise ValueError(f'{path}:{n}: label {json.dumps(v)} is neither a label of '
-                                     f'{taxonomy} nor an id in {ids_file}')
+                    raise ValueError(f'{path}:{n}: label {json.dumps(v)} is ' + (
+                        f'neither a label of {taxonomy} nor an id in {ids_file}' if value_dict
+                        else f'not a label of {taxonomy}'))
             raw[split].append((text, labels))
         if not raw[split]:
             raise ValueError(f'{path}: no documents (the {split} split may not be empty)')
@@ -264,10 +250,36 @@ def load_hiagm(folder):
             raise ValueError(f'{path}: no document has a label (the {split} split)')
     label_of = resolve_ids(value_dict, parents, [labels for docs in raw.values()
                                                  for _, labels in docs], ids_file, taxonomy)
-    # the verbalizer's names are HPT's (e.g. 'HIV/AIDS' whole); label_names.tsv still wins
-    h = Hierarchy(parents, {**{label_of[i]: value_dict[i] for i in label_of}, **names}, lines)
+    # the verbalizer's names: HPT's (e.g. 'HIV/AIDS' whole), RCV1's descriptions, label_names.tsv
+    h = Hierarchy(parents, {**{label_of[i]: value_dict[i] for i in label_of},
+                            **label_names(folder, parents)}, lines)
     return h, {s: [(text, h.closure(h.index[label_of.get(v, v)] for v in labels))
                    for text, labels in docs] for s, docs in raw.items()}
+
+
+RCV1_TOPICS = 'rcv1.topics.hier.orig'  # RCV1-v2's appendix: each topic code's description
+
+
+def label_names(folder, parents):
+    """{label: name} from RCV1_TOPICS (descriptions, lower-cased as the authors' code reads them)
+    and from label_names.tsv (code<TAB>name), which wins."""
+    names, code = {}, {v.lower(): v for v in parents}
+    topics, tsv = os.path.join(folder, RCV1_TOPICS), os.path.join(folder, 'label_names.tsv')
+    for n, line in read_lines(topics) if os.path.exists(topics) else []:
+        line = line.strip()
+        m = re.fullmatch(r'parent:\s*\S+\s+child:\s*(\S+)\s+child-description:\s*(.+)', line)
+        if line and not m:
+            raise ValueError(f'{topics}:{n}: expected parent: CODE child: CODE child-description: '
+                             'TEXT')
+        if m and m[1].lower() in code:
+            names[code[m[1].lower()]] = m[2].lower()
+    for n, line in read_lines(tsv) if os.path.exists(tsv) else []:
+        label, _, name = line.partition('\t')
+        if line.strip() and not name.strip():
+            raise ValueError(f'{tsv}:{n}: expected code<TAB>name')
+        if line.strip():
+            names[label.strip()] = name.strip()
+    return names
 
 
 def _load_value_dict(path):
@@ -356,6 +368,10 @@ def load_data(name, data_dir=None):
               for s, docs in splits.items() if any(not t.strip() or not ls for t, ls in docs)]
     if counts:
         print(f'warning: {source}: {"; ".join(counts)} (kept)', file=sys.stderr)
+    if name == 'rcv1' and not any(os.path.exists(os.path.join(source, f))
+                                  for f in (RCV1_TOPICS, 'label_names.tsv')):
+        print(f'warning: {source} has no {RCV1_TOPICS}: the verbalizer reads the topic codes, not '
+              "their descriptions as the authors' code does (README: Reproducing)", file=sys.stderr)
     return hierarchy, splits
 
 
@@ -378,22 +394,34 @@ def tiny_bert(texts, max_words=8000):
 
 
 def load_pretrained(name):
-    """(fp32 masked LM, tokenizer) of a BERT-style model: a local folder or a hub id."""
+    """(fp32 masked LM, tokenizer) of a BERT-style model: a local folder or a hub id. Refused
+    unless the encoder's weights are all there (training from random weights runs as well)."""
     from safetensors import SafetensorError
-    from transformers import AutoModelForMaskedLM, AutoTokenizer
-    name = os.path.expanduser(name)  # a hub id has no '~'
-    local = os.path.isdir(name)
-    if local:
+    from transformers import AutoModelForMaskedLM, AutoTokenizer, logging
+    name, verbosity = os.path.expanduser(name), logging.get_verbosity()  # a hub id has no '~'
+    if os.path.isdir(name):
         for f in os.scandir(name):  # safetensors says 'No such file' of one it may not read
             if f.is_file():
                 open(f.path, 'rb').close()
+    logging.set_verbosity_error()  # its report of missing and unexpected weights: said below
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
-        mlm = AutoModelForMaskedLM.from_pretrained(name, trust_remote_code=False)
+        mlm, info = AutoModelForMaskedLM.from_pretrained(name, trust_remote_code=False,
+                                                         output_loading_info=True)
     except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:
-        hint = '' if local else (' (not a local folder; without internet, pass a local folder or '
-                                 '--model tiny)')
+        hint = '' if os.path.isdir(name) else (' (not a local folder; without internet, pass a '
+                                               'local folder or --model tiny)')
         raise ValueError(f'could not load model {name!r}{hint}: {one_line(e)}') from None
+    finally:
+        logging.set_verbosity(verbosity)
+    missing = sorted(k for k in info['missing_keys'] if k.startswith(mlm.base_model_prefix + '.'))
+    if missing:
+        raise ValueError(f'model {name!r}: {len(missing)} encoder weights missing ({missing[0]}, '
+                         '...): not a pretrained masked LM (to continue a run: train.py --resume; '
+                         'to score a checkpoint: evaluate.py --ckpt)')
+    if info['missing_keys']:  # all-MiniLM-L6-v2, for one
+        print(f'warning: model {name!r} has no MLM-head weights: the head starts random',
+              file=sys.stderr)
     return mlm.float(), tokenizer  # fp32 even from fp16 files; autocast does the rest
 
 
@@ -402,11 +430,11 @@ def one_line(e):
 
 
 # -----------------------------------------------------------------------------
-# Checkpoints: a folder made once (config.json, tokenizer files) whose model.safetensors
-# (weights, extras, JSON metadata: no pickle) is replaced whole at each save
+# Checkpoints: a folder of CHECKPOINT, each file replaced whole; model.safetensors holds the
+# weights, extras and JSON metadata (no pickle) and is rewritten at each save
 
 WEIGHTS = 'model.safetensors'
-REQUIRED = (WEIGHTS, 'config.json', 'tokenizer.json', 'tokenizer_config.json')
+CHECKPOINT = (WEIGHTS, 'tokenizer.json', 'tokenizer_config.json', 'config.json')
 
 
 def _fsync(path):
@@ -417,10 +445,10 @@ def _fsync(path):
 
 def write_atomically(path, text):
     """Writes `path` (str or bytes) whole or not at all, making its folder: a synced temporary file
-    is renamed over it, or removed on any failure (disk full, Ctrl-C)."""
+    .NAME.tmp is renamed over it, or removed on any failure (disk full, Ctrl-C)."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f'.{os.path.basename(path)}.{os.getpid()}.tmp')
+    tmp = os.path.join(folder, f'.{os.path.basename(path)}.tmp')
     try:
         with open(tmp, 'wb') as f:  # plain open(): the umask's modes
             f.write(text if isinstance(text, bytes) else text.encode('utf-8'))
@@ -442,9 +470,9 @@ def _aliases(model):
 
 
 def save_checkpoint(folder, model, tokenizer, info, extra=None):
-    """Config and tokenizer when `folder` is made; each time, model.safetensors: the weights,
-    `extra` ({name: tensor}) as extra.<name>, metadata 'lhmix' (JSON: what rebuilds the LHMix, and
-    `info`). A kill at any instant leaves the old checkpoint or the new one."""
+    """model.safetensors: the weights, `extra` ({name: tensor}) as extra.<name>, metadata 'lhmix'
+    (JSON: what rebuilds the LHMix, and `info`); the tokenizer and config.json (last) once. A
+    kill at any instant leaves the old checkpoint or the new one."""
     from safetensors.torch import save
     h, aliases = model.hierarchy, _aliases(model)
     meta = {'arch': model.arch, 'base_vocab': model.base_vocab, 'special': model.special,
@@ -455,23 +483,29 @@ def save_checkpoint(folder, model, tokenizer, info, extra=None):
                **{f'extra.{k}': v for k, v in (extra or {}).items()}}
     blob = save({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
                 {'lhmix': json.dumps(meta)})
-    if os.path.isdir(folder):
-        if not os.path.isfile(os.path.join(folder, 'config.json')):
-            raise ValueError(f'{folder}: a folder that is not a checkpoint; not saved into it')
-        return write_atomically(os.path.join(folder, WEIGHTS), blob)
-    parent, base = os.path.split(os.path.abspath(folder))
-    tmp = os.path.join(parent, f'.{base}.{os.urandom(4).hex()}.tmp')
-    try:
-        model.mlm.config.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        write_atomically(os.path.join(tmp, WEIGHTS), blob)
-        for f in os.listdir(tmp):
-            _fsync(os.path.join(tmp, f))
-        os.rename(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    _fsync(parent)
+    write_atomically(os.path.join(folder, WEIGHTS), blob)
+    if not os.path.exists(os.path.join(folder, 'config.json')):
+        with tempfile.TemporaryDirectory() as tmp:  # transformers 4 writes more than is needed
+            tokenizer.save_pretrained(tmp)
+            model.mlm.config.save_pretrained(tmp)
+            for f in CHECKPOINT[1:]:
+                write_atomically(os.path.join(folder, f), Path(tmp, f).read_bytes())
+
+
+def checkpoint_meta(folder):
+    """The metadata of folder's model.safetensors, its tensors unread (KeyError if it has none)."""
+    from safetensors import safe_open
+    open(os.path.join(folder, WEIGHTS), 'rb').close()  # safetensors: 'No such file' if unreadable
+    with safe_open(os.path.join(folder, WEIGHTS), 'pt') as f:
+        return json.loads((f.metadata() or {})['lhmix'])
+
+
+def check_labels(saved, hierarchy, folder):
+    """Refuses data whose labels are not the checkpoint's, in its order (its label ids)."""
+    if saved.labels != hierarchy.labels:
+        raise ValueError(f'{folder}: its labels differ from those of the data' + (
+            ' in their order (a taxonomy with its lines reordered?)'
+            if sorted(saved.labels) == sorted(hierarchy.labels) else ''))
 
 
 def load_checkpoint(folder, device='cpu', hierarchy=None):
@@ -484,13 +518,12 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
         raise ValueError(f'{folder}: no such checkpoint folder')
     if os.path.isdir(os.path.join(folder, 'best')):
         raise ValueError(f'{folder}: a run, not a checkpoint: pass {os.path.join(folder, "best")}')
-    missing = [f for f in REQUIRED if not os.path.exists(os.path.join(folder, f))]
+    missing = [f for f in CHECKPOINT if not os.path.exists(os.path.join(folder, f))]
     if missing:
         raise ValueError(f'{folder}: not an LH-Mix checkpoint (no {", ".join(missing)})')
     try:
-        open(os.path.join(folder, WEIGHTS), 'rb').close()  # safetensors: 'No such file' if not
+        meta = checkpoint_meta(folder)
         with safe_open(os.path.join(folder, WEIGHTS), 'pt') as f:
-            meta = json.loads(f.metadata()['lhmix'])
             tensors = {k: f.get_tensor(k) for k in f.keys()}
         meta['extra'] = {k[6:]: tensors.pop(k).to(device) for k in list(tensors)
                          if k.startswith('extra.')}
@@ -509,6 +542,6 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as e:
         raise ValueError(f'{folder}: unreadable, truncated or corrupt ({one_line(e)})') from None
-    if hierarchy is not None and model.hierarchy.labels != hierarchy.labels:
-        raise ValueError(f'{folder}: its labels differ from those of the data')
+    if hierarchy is not None:
+        check_labels(model.hierarchy, hierarchy, folder)
     return model.to(device), tokenizer, meta

@@ -6,12 +6,16 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import transformers
 
 try:
     import triton
     import triton.language as tl
 except ImportError:
     triton = None
+
+# a (rows, T, T) attention mask: transformers 5 takes it as (rows, 1, T, T), 4.x as it is
+MASK_4D = int(transformers.__version__.split('.')[0]) >= 5
 
 
 # -----------------------------------------------------------------------------
@@ -62,14 +66,13 @@ def template(num_depths, cls_id, sep_id, depth_ids, slot_id):
 
 class LHMix(nn.Module):
     """A masked LM whose vocabulary gains label tokens, D depth tokens and the slot [P] (ids
-    base_vocab + [labels | depths | slot]). arch 'prompt': Eq. 1; 'bert': linear on [CLS]."""
+    base_vocab + [labels | depths | slot]). arch 'prompt': Eq. 1; 'bert': the flat baseline of
+    Table 3, HGCLR's BERT: dropout and a linear layer on the last layer's [CLS]."""
 
     def __init__(self, mlm, hierarchy, arch, base_vocab, special, max_length=512):
         super().__init__()
-        if arch not in ('prompt', 'bert'):
-            raise ValueError(f'unknown arch {arch!r} (prompt or bert)')
         self.mlm, self.hierarchy, self.arch, self.base_vocab = mlm, hierarchy, arch, base_vocab
-        self.special, self.max_length = special, max_length  # cls/sep/pad/mask ids; input length
+        self.special, self.max_length = special, max_length  # cls/sep/pad/mask ids
         V, D, config = len(hierarchy), hierarchy.num_depths, mlm.config
         self.depth_ids, self.slot_id = [base_vocab + V + d for d in range(D)], base_vocab + V + D
         if mlm.get_input_embeddings().num_embeddings != self.slot_id + 1:
@@ -85,13 +88,12 @@ class LHMix(nn.Module):
             self.prefix = template(D, special['cls'], special['sep'], self.depth_ids, self.slot_id)
             valid = torch.arange(1, D + 1)[:, None] == torch.tensor(hierarchy.depth)
         else:
-            # dropout on [CLS] (0.1 for BERT), as HF's BertForSequenceClassification and HGCLR's
-            # BERT baseline
-            p = getattr(config, 'classifier_dropout', None)
-            self.dropout = nn.Dropout(config.hidden_dropout_prob if p is None else p)
+            self.dropout = nn.Dropout(config.hidden_dropout_prob)  # 0.1 for BERT
             self.prefix, self.classifier = [special['cls']], nn.Linear(config.hidden_size, V)
             valid = torch.ones(1, V, dtype=torch.bool)
-        self.register_buffer('valid', valid, persistent=False)  # (rows, V): labels each row scores
+        self.register_buffer('valid', valid, persistent=False)  # (rows, V): each row's labels
+        slots = [i for i, t in enumerate(self.prefix) if t == self.slot_id] or [0]  # or [CLS]
+        self.register_buffer('slot_offsets', torch.tensor(slots), persistent=False)
 
     def name_ids(self, tokenizer):
         return [tokenizer(name, add_special_tokens=False)['input_ids']
@@ -101,17 +103,22 @@ class LHMix(nn.Module):
         b = self.base_vocab
         return self.mlm.get_input_embeddings().weight[b:b + len(self.hierarchy)]
 
-    def text_budget(self, max_length):  # text word-pieces beside the prefix and closing [SEP]
+    def text_budget(self, max_length):  # text word-pieces beside prefix and closing [SEP]
         return max_length - len(self.prefix) - 1
 
-    def encode(self, input_ids, attention_mask):
-        return self.mlm.base_model(input_ids, attention_mask).last_hidden_state
+    def encode(self, input_ids, attention_mask, position_ids=None):
+        """Last hidden states. Rows packing documents (position_ids given, from 0 in each) number
+        each token's document in attention_mask: a token attends to its own."""
+        if position_ids is not None:
+            attention_mask = attention_mask[:, :, None] == attention_mask[:, None, :]
+            attention_mask = attention_mask[:, None] if MASK_4D else attention_mask
+        return self.mlm.base_model(  # token types given: 4.x cuts them from a 512-long buffer
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            token_type_ids=torch.zeros_like(input_ids)).last_hidden_state
 
-    def slots(self, hidden):
-        """(B, rows, H): the [P] of each depth (positions 2, 4, ..., 2D), or [CLS] for bert."""
-        if self.arch == 'bert':
-            return hidden[:, :1]
-        return hidden[:, 2:2 * len(self.depth_ids) + 1:2]
+    def slots(self, hidden, starts):
+        """(B, rows, H): each depth's [P] (or bert's [CLS]) of the documents at `starts`."""
+        return hidden.flatten(0, 1)[starts[:, None] + self.slot_offsets]
 
     def score(self, slot_hidden):
         """Eq. 1: (B, rows, V) label scores p^d; only `self.valid` entries are meaningful."""
@@ -119,22 +126,27 @@ class LHMix(nn.Module):
             return self.classifier(self.dropout(slot_hidden))
         return self.transform(slot_hidden) @ self.label_embeddings().t() + self.label_bias
 
-    def per_label(self, scores):  # (B, rows, V) -> (B, V): each label's in its depth's row
-        return scores.masked_fill(~self.valid, -math.inf).amax(1)
+    def loss(self, scores, targets):
+        """(B, rows): Eq. 2 per depth; for bert, HGCLR's binary cross-entropy, mean over labels."""
+        if self.arch == 'bert':
+            return F.binary_cross_entropy_with_logits(
+                scores.float(), targets.float(), reduction='none').mean(-1)
+        return zmlce(scores, targets, self.valid)
 
     def mlm_loss(self, hidden, positions, labels):
         """HPT's auxiliary MLM loss, the head run only at the masked positions."""
-        x = hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions)
+        x = hidden.flatten(0, 1).index_select(0, positions)
         return F.cross_entropy(self.mlm.get_output_embeddings()(self.transform(x)).float(), labels)
 
-    def forward(self, *args, **kwargs):  # the training loss, Eqs. 2, 5-7
-        return training_loss(self, *args, **kwargs)
+    def forward(self, **batch):  # the training loss, Eqs. 2, 5-7
+        return training_loss(self, **batch)
 
     @torch.no_grad()
-    def label_scores(self, input_ids, attention_mask):
-        """(B, V) scores; Sec. 3: a label is predicted when its score is > 0."""
-        hidden = self.encode(input_ids, attention_mask)
-        return self.per_label(self.score(self.slots(hidden))).float()
+    def label_scores(self, input_ids, attention_mask, starts, position_ids=None):
+        """(B, V) scores; Sec. 3: a label is predicted when its score is > 0 (sigmoid > 0.5)."""
+        hidden = self.encode(input_ids, attention_mask, position_ids)
+        scores = self.score(self.slots(hidden, starts))
+        return scores.masked_fill(~self.valid, -math.inf).amax(1).float()  # each in its depth's row
 
 
 def build_model(mlm, tokenizer, hierarchy, arch, max_length=512):
@@ -180,7 +192,7 @@ def plain_zmlce(scores, targets, valid=None):
 # Sec. 4: local hierarchies (Eq. 3), the mixing ratio (Eq. 4), Mixup and loss mixing (Eqs. 5-7)
 
 def local_hierarchy_ids(model, label_ids, name_ids):
-    """Sec. 4.1: the gold labels as a sequence `[CLS] [D1] <names at depth 1> [D2] ... [SEP]`."""
+    """Sec. 4.1: gold labels as a sequence `[CLS] [D1] <names at depth 1> [D2] ... [SEP]`."""
     ids = [model.special['cls']]
     for d, depth_id in enumerate(model.depth_ids, 1):
         ids += [depth_id]
@@ -200,31 +212,27 @@ def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
     model.eval()
     out = []
     for i in range(0, len(seqs), batch_size):
-        ids, mask = pad(seqs[i:i + batch_size], model.special['pad'], 1)
-        out.append(model.encode(ids.to(device), mask.to(device))[:, 0].float())
+        b = layout(seqs[i:i + batch_size], model.special['pad'], 1)
+        ids, mask = b['input_ids'].to(device), b['attention_mask'].to(device)
+        out.append(model.encode(ids, mask)[:, 0].float())
     model.train(was_training)
     row = {k: i for i, k in enumerate(distinct)}
     return torch.cat(out), torch.tensor([row[k] for k in keys], device=device)
 
 
 def hierarchy_similarity(h_i, h_j):
-    """Clamped to [0, 1]: s^alpha of a rounded s < 0 would be NaN."""
+    """Clamped to [0, 1]: s^alpha of a rounded s < 0 is NaN."""
     s = 0.5 * (F.cosine_similarity(h_i.float(), h_j.float(), dim=-1) + 1)  # Eq. 3
     return s.clamp(0.0, 1.0)
 
 
 def mixup_ratio(s, alpha, beta):
-    """Similar hierarchies mix more (lambda -> 0.5). Checks alpha, beta as Python numbers."""
-    if not alpha > 0:
-        raise ValueError(f'alpha must be > 0, got {alpha}')
-    if not 0.5 < beta <= 1:
-        raise ValueError(f'beta must lie in (0.5, 1], got {beta}')
+    """Similar hierarchies mix more (lambda -> 0.5); alpha > 0, beta in (0.5, 1]."""
     return -(beta - 0.5) * s ** alpha + beta  # Eq. 4
 
 
 def pair_ratios(hier, partner, alpha, beta):
-    """Each document's lambda from its local hierarchy `hier` (B, H) and its `partner`'s, on
-    hier's device with no host sync (CUDA graphs)."""
+    """Each document's lambda from its local hierarchy `hier` (B, H) and its `partner`'s."""
     return mixup_ratio(hierarchy_similarity(hier, hier[partner]), alpha, beta)  # Eqs. 3-4
 
 
@@ -234,27 +242,20 @@ def mix_hidden(h_i, h_j, lam):
     return torch.lerp(h_j.float(), h_i.float(), lam).to(h_i.dtype)  # Eq. 5, in fp32
 
 
-def mixed_zmlce(scores, targets_i, targets_j, lam, valid=None):
-    """One lambda (B,) per pair, not a batch mean; scores (B, rows, V)."""
-    loss_i, loss_j = zmlce(scores, targets_i, valid), zmlce(scores, targets_j, valid)
-    lam = lam.float()[:, None]
-    return lam * loss_i + (1 - lam) * loss_j  # Eq. 7
-
-
-def training_loss(model, input_ids, attention_mask, targets, partner=None, lam=None,
-                  mlm_pos=None, mlm_labels=None):
-    """ZMLCE summed over rows (one per depth; the authors' code makes one per document), mixed
+def training_loss(model, input_ids, attention_mask, starts, targets, position_ids=None,
+                  partner=None, lam=None, mlm_pos=None, mlm_labels=None):
+    """The loss summed over rows (one per depth; the authors' code makes one per document), mixed
     with `partner` by `lam`, averaged over documents, plus HPT's MLM term if any is masked."""
-    hidden = model.encode(input_ids, attention_mask)
-    h = model.slots(hidden)
+    hidden = model.encode(input_ids, attention_mask, position_ids)
+    h = model.slots(hidden, starts)
     if partner is not None:
-        h = mix_hidden(h, h[partner], lam)                          # Eq. 5
-    p = model.score(h)                                              # Eq. 1 / Eq. 6: p~ = f(h~)
-    v, t = model.valid, targets[:, None, :]
+        h = mix_hidden(h, h[partner], lam)                           # Eq. 5
+    p, t = model.score(h), targets[:, None, :]                       # Eq. 1 / Eq. 6: p~ = f(h~)
     if partner is None:
-        loss = zmlce(p, t, v)                                       # Eq. 2
-    else:
-        loss = mixed_zmlce(p, t, t[partner], lam, v)                # Eq. 7
+        loss = model.loss(p, t)                                      # Eq. 2
+    else:  # each pair's own lambda, not a batch mean
+        lam = lam.float()[:, None]
+        loss = lam * model.loss(p, t) + (1 - lam) * model.loss(p, t[partner])  # Eq. 7
     loss = loss.sum(-1).mean()
     if mlm_pos is not None:
         loss = loss + model.mlm_loss(hidden, mlm_pos, mlm_labels)
@@ -264,40 +265,50 @@ def training_loss(model, input_ids, attention_mask, targets, partner=None, lam=N
 # -----------------------------------------------------------------------------
 # Feeding the model: tokens, batches, scores
 
-def tokenize(tokenizer, texts, max_text_len, chunk=4096):
+def tokenize(tokenizer, texts, max_text_len):
     """(word-pieces of each text cut to max_text_len, the number cut)."""
-    out, truncated = [], 0
-    for i in range(0, len(texts), chunk):
-        batch = tokenizer(texts[i:i + chunk], add_special_tokens=False, verbose=False)
-        for ids in batch['input_ids']:
-            truncated += len(ids) > max_text_len
-            out.append(np.asarray(ids[:max_text_len], dtype=np.int64))
-    return out, truncated
+    ids = tokenizer(list(texts), add_special_tokens=False, verbose=False)['input_ids']
+    return ([np.asarray(t[:max_text_len], dtype=np.int64) for t in ids],
+            sum(len(t) > max_text_len for t in ids))
 
 
-def pad(seqs, pad_id, multiple):
-    """Right-pad id lists to one length, a multiple of `multiple` (few distinct shapes on GPU)."""
-    T = -(-max(len(s) for s in seqs) // multiple) * multiple
-    ids = np.full((len(seqs), T), pad_id, dtype=np.int64)
-    for b, s in enumerate(seqs):
-        ids[b, :len(s)] = s
-    mask = np.arange(T) < np.array([len(s) for s in seqs])[:, None]
-    return torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64))
+def layout(seqs, pad_id, multiple, pack=False):
+    """Id lists as rows padded to one length, a multiple of `multiple` (few distinct shapes on
+    GPU): input_ids, attention_mask, starts (each list's first position in the flattened rows).
+    With `pack`, two lists a row, the i-th shortest beside the i-th longest (a random batch then
+    pads little), numbered 1, 2 in attention_mask, with position_ids from 0 in each."""
+    n = len(seqs)
+    rows = [[b] for b in range(n)]
+    if pack:
+        o = np.argsort([len(s) for s in seqs], kind='stable')
+        rows = [[o[r], o[n - 1 - r]][:1 + (2 * r + 1 < n)] for r in range((n + 1) // 2)]
+    T = -(-max(sum(len(seqs[b]) for b in row) for row in rows) // multiple) * multiple
+    ids = np.full((len(rows), T), pad_id, dtype=np.int64)
+    mask, pos, starts = np.zeros_like(ids), np.zeros_like(ids), np.zeros(n, dtype=np.int64)
+    for r, row in enumerate(rows):
+        t = 0
+        for k, b in enumerate(row, 1):
+            at, starts[b] = slice(t, t + len(seqs[b])), r * T + t
+            ids[r, at], mask[r, at], pos[r, at] = seqs[b], k, range(len(seqs[b]))
+            t = at.stop
+    out = {'input_ids': ids, 'attention_mask': mask, 'starts': starts}
+    out |= {'position_ids': pos} if pack else {}
+    return {k: torch.from_numpy(v) for k, v in out.items()}
 
 
-def make_batch(model, token_ids, labels, multiple, rng=None, mlm_rate=0.0, static=False):
-    """Inputs `prefix text [SEP]`, bool targets (B, V), and with mlm_rate BERT's masking of text
-    (80% [MASK], 10% another word-piece, 10% kept), on the CPU: the step never syncs."""
+def make_batch(model, token_ids, labels, multiple, rng=None, mlm_rate=0.0, static=False,
+               pack=False):
+    """`prefix text [SEP]` laid out by `layout`, bool targets (B, V), and with mlm_rate BERT's
+    masking of text (80% [MASK], 10% another word-piece, 10% kept); on the CPU: no step syncs."""
     prefix = model.prefix
     seqs = [np.concatenate([prefix, t, [model.special['sep']]]) for t in token_ids]
-    ids, mask = pad(seqs, model.special['pad'], multiple)
-    targets = torch.zeros(len(token_ids), len(model.hierarchy), dtype=torch.bool)
+    batch = layout(seqs, model.special['pad'], multiple, pack)
+    batch['targets'] = torch.zeros(len(token_ids), len(model.hierarchy), dtype=torch.bool)
     for b, ls in enumerate(labels):
-        targets[b, ls] = True
-    batch = {'input_ids': ids, 'attention_mask': mask, 'targets': targets}
+        batch['targets'][b, ls] = True
     if mlm_rate > 0:
-        T = ids.shape[1]
-        pos = torch.from_numpy(np.concatenate([b * T + len(prefix) + np.flatnonzero(
+        ids, starts = batch['input_ids'], batch['starts'].numpy()
+        pos = torch.from_numpy(np.concatenate([starts[b] + len(prefix) + np.flatnonzero(
             rng.random(len(t)) < mlm_rate) for b, t in enumerate(token_ids)]))
         flat = ids.view(-1)
         gold = flat[pos].clone()
@@ -307,8 +318,8 @@ def make_batch(model, token_ids, labels, multiple, rng=None, mlm_rate=0.0, stati
         words = np.concatenate(token_ids)
         flat[rand] = torch.from_numpy(words[rng.integers(0, len(words), len(rand))])
         if len(pos):  # decided here, on the CPU: a batch with nothing masked has no MLM term
-            if static:  # a count per shape for CUDA graphs: the mean + 8 sd rounded up to 64 (or
-                # a multiple, p < 1e-15), padded with label -100, which cross_entropy ignores
+            if static:  # one count per shape (CUDA graphs): mean + 8 sd up to 64s, p < 1e-15;
+                # label -100 (ignored) fills it
                 n, q = ids.numel(), mlm_rate
                 cap = int(-(-(q * n + 8 * math.sqrt(n * q * (1 - q)) + 1) // 64) * 64)
                 cap *= -(-len(pos) // cap)
@@ -319,15 +330,15 @@ def make_batch(model, token_ids, labels, multiple, rng=None, mlm_rate=0.0, stati
 
 
 def to_device(batch, device):
-    if device.type == 'cuda':  # from pinned memory: the copy does not sync
+    if device.type == 'cuda':  # from pinned memory: no sync
         return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
     return {k: v.to(device) for k, v in batch.items()}
 
 
 def train_batches(lengths, batch_size, rng, mixing):
     """An epoch's (document ids, partner positions or None). Mixing: slices of a shuffle, partners
-    a random permutation of each, as the authors' randperm(B) (pi(i) == i: a clean row). Else,
-    less padding: sorted by length in chunks of 64 batches (Mixup would pair similar lengths)."""
+    a random permutation of each, the authors' randperm(B) (pi(i) == i: a clean row). Else,
+    sorted by length in chunks of 64 batches: less padding."""
     perm = rng.permutation(len(lengths))
     if mixing:
         return [(idx, rng.permutation(len(idx))) for idx in
@@ -346,7 +357,7 @@ def pad_multiple(device):
 
 def autocast(device):
     """bf16 autocast on GPUs that have it, fp16 otherwise; fp32 on CPU. No cast cache: CUDA graphs
-    forbid it, and each weight is cast once per step anyway."""
+    forbid it (a step casts each weight once anyway)."""
     cuda = device.type == 'cuda'
     dtype = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float16
     return torch.autocast(device.type, dtype, enabled=cuda, cache_enabled=False)
@@ -354,7 +365,7 @@ def autocast(device):
 
 @torch.no_grad()
 def score_documents(model, token_ids, batch_size=128):
-    """(N, V) float32 label scores (> 0: predicted) in input order, batched by length."""
+    """(N, V) float32 label scores (> 0: predicted) in input order."""
     device = next(model.parameters()).device
     out = torch.zeros(len(token_ids), len(model.hierarchy), device=device)
     model.eval()
@@ -364,7 +375,7 @@ def score_documents(model, token_ids, batch_size=128):
         b = to_device(make_batch(model, [token_ids[j] for j in idx], [[]] * len(idx),
                                  pad_multiple(device)), device)
         with autocast(device):
-            scores = model.label_scores(b['input_ids'], b['attention_mask'])
+            scores = model.label_scores(b['input_ids'], b['attention_mask'], b['starts'])
         out[torch.from_numpy(idx).to(device)] = scores  # no host sync between batches
     return out.cpu().numpy()
 
@@ -399,8 +410,8 @@ def _rows(x, shape):
 
 
 class FusedZMLCE(torch.autograd.Function):
-    """zmlce() by the kernel above, one program per row; the gradient is made going forward, in
-    the same read of the row, so backward only scales it."""
+    """zmlce() by the kernel above, a program per row; the gradient is made in the forward read
+    of the row: backward only scales it."""
 
     @staticmethod
     def forward(ctx, scores, targets, valid):

@@ -43,18 +43,19 @@ def error(call):  # the message of the ValueError `call` raises, checked to be o
 
 @pytest.mark.parametrize('raw, want', [
     (b'\xef\xbb\xbfa\r\nb\rc\n\nd', [(1, 'a'), (2, 'b'), (3, 'c'), (4, ''), (5, 'd')]),
-    (b'ab\ncd\xe9f\n', ':2: not UTF-8 text (invalid continuation byte at byte 3 of the line)'),
-    (b'\xef\xbb\xbfa\xff\n', ':1: not UTF-8 text (invalid start byte at byte 2 of the line)'),
-    (b'a\r\nb\rc\xff', ':3: not UTF-8')])
-def test_read_lines_as_open_splits_naming_the_line_not_utf8(tmp_path, monkeypatch, raw, want):
+    (b'ab\ncd\xe9f\n', ': not UTF-8 text (invalid continuation byte)'),
+    (b'\xef\xbb\xbfa\xff\n', ': not UTF-8 text (invalid start byte)')])
+def test_read_lines_as_open_splits_naming_a_file_not_utf8(tmp_path, monkeypatch, raw, want):
     path = tmp_path / 'f'
     path.write_bytes(raw)
     if isinstance(want, list):
         assert data.read_lines(str(path)) == want
     else:
         assert error(lambda: data.read_lines(str(path))).startswith(str(path) + want)
-    monkeypatch.setattr(sys, 'stdin', io.TextIOWrapper(io.BytesIO(b'x\n\xc3\xa9\n')))
-    assert data.read_lines('-') == [(1, 'x'), (2, '\u00e9')]
+    (tmp_path / 'in').write_bytes(b'x\n\xc3\xa9\n')
+    with open(tmp_path / 'in', 'rb') as f:
+        monkeypatch.setattr(sys, 'stdin', f)
+        assert data.read_lines('-') == [(1, 'x'), (2, '\u00e9')]
 
 
 def test_unreadable_files_name_the_file_and_why(saved, tmp_path):
@@ -392,6 +393,29 @@ def test_hiagm_and_hpt_folders_empty_texts_and_unlabelled_kept_and_counted(tmp_p
         "'Top/Features/Arts']")
 
 
+RCV1_TOPICS = [  # the format of RCV1-v2's appendix file, rcv1.topics.hier.orig
+    'parent: None         child: Root          child-description: Root',
+    'parent: Root         child: CCAT          child-description: CORPORATE/INDUSTRIAL',
+    'parent: CCAT         child: C15           child-description: PERFORMANCE',
+    'parent: C15          child: C151          child-description: ACCOUNTS/EARNINGS',
+    'parent: Root         child: GCAT          child-description: GOVERNMENT/SOCIAL']
+
+
+def test_rcv1_labels_named_by_their_descriptions(tmp_path, capsys):
+    folder = write_hiagm(tmp_path / 'rcv1')
+    os.remove(folder / 'label_names.tsv')
+    assert data.load_data('rcv1', str(folder))[0].names == ['CCAT', 'GCAT', 'C15', 'C17', 'C151']
+    assert capsys.readouterr().err == (
+        f'warning: {folder} has no rcv1.topics.hier.orig: the verbalizer reads the topic codes, '
+        "not their descriptions as the authors' code does (README: Reproducing)\n")
+    write_lines(folder / 'rcv1.topics.hier.orig', RCV1_TOPICS)
+    h, _ = data.load_data('rcv1', str(folder))
+    assert h.names == ['corporate/industrial', 'government/social', 'performance', 'C17',
+                       'accounts/earnings'] and capsys.readouterr().err == ''
+    write_lines(folder / 'label_names.tsv', ['C15\tresults'])  # the user's names win
+    assert data.load_data('rcv1', str(folder))[0].names[2] == 'results'
+
+
 GOOD = json.dumps({'token': 'x', 'label': ['GCAT']})
 
 
@@ -399,8 +423,8 @@ GOOD = json.dumps({'token': 'x', 'label': ['GCAT']})
     ('toy_val.json', [GOOD, '{"token": "x", "label": ['], ':2: malformed JSON'),
     ('toy_val.json', ['[1, 2]'], ':1: expected an object with `token`'),
     ('toy_train.json', [GOOD, GOOD, '{"token": "x", "label": ["NOPE"]}'],
-     ':3: label "NOPE" is neither a label of {f}/toy.taxonomy nor an id in {f}/value_dict.pt'),
-    ('toy_train.json', [GOOD, '{"token": "x", "label": [11]}'], ':2: label 11 is neither'),
+     ':3: label "NOPE" is not a label of {f}/toy.taxonomy'),
+    ('toy_train.json', [GOOD, '{"token": "x", "label": [11]}'], ':2: label 11 is not a label'),
     ('toy_train.json', [GOOD, '{"token": "x", "label": ["GCAT", null]}'], ':2: label null is'),
     ('toy_train.json', [GOOD, '{"token": ["a", 3], "label": ["GCAT"]}'], ':2: expected an object'),
     ('toy_train.json', [GOOD, '{"token": 5, "label": ["GCAT"]}'], ':2: expected an object'),
@@ -411,8 +435,9 @@ GOOD = json.dumps({'token': 'x', 'label': ['GCAT']})
     ('toy_test.json', [''], ': no documents (the test split may not be empty)'),
     ('label_names.tsv', ['CCAT\tCorporate', 'C15'], ':2: expected code<TAB>name'),
     # a Latin-1 'é' in line n of the file
-    ('toy_train.json', 3, ':3: not UTF-8'), ('toy_val.json', 1, ':1: not UTF-8'),
-    ('toy.taxonomy', 2, ':2: not UTF-8'), ('label_names.tsv', 2, ':2: not UTF-8'),
+    ('toy_train.json', 3, ': not UTF-8'), ('toy.taxonomy', 2, ': not UTF-8'),
+    ('label_names.tsv', 2, ': not UTF-8'),
+    ('rcv1.topics.hier.orig', ['parent: Root child: CCAT'], ':1: expected parent: CODE child:'),
     # HPT's WOS folder: label ids, value_dict.pt
     ('WebOfScience_train.json', ['{"token": "x", "label": [1, 9]}'],
      ':1: label 9 is neither a label of {f}/wos.taxnomy nor an id in {f}/value_dict.pt'),
@@ -519,13 +544,15 @@ CORRUPT = '{c}: unreadable, truncated or corrupt ('
     (lambda p: os.truncate(p, 0), None, CORRUPT + 'SafetensorError: '),
     (lambda p: p.write_bytes(b'{}}}' + p.read_bytes()[4:]), None,
      CORRUPT + 'SafetensorError: '),  # a garbled header
-    (lambda p: save_file(load_file(p), p), None, CORRUPT + 'TypeError: '),  # no metadata
+    (lambda p: save_file(load_file(p), p), None, CORRUPT + "KeyError: 'lhmix'"),  # no metadata
     (_drop_a_weight, None, CORRUPT + "ValueError: weights missing: ['label_bias']"),
     (os.remove, None, '{c}: not an LH-Mix checkpoint (no model.safetensors)'),
     (lambda p: os.remove(p.parent / 'tokenizer.json'), None,
      '{c}: not an LH-Mix checkpoint (no tokenizer.json)'),
     (None, lambda c: (c, lhmix.Hierarchy({'Sci': None})),
      '{c}: its labels differ from those of the data'),
+    (None, lambda c: (c, lhmix.Hierarchy(dict(reversed(PARENTS.items())))),
+     '{c}: its labels differ from those of the data in their order (a taxonomy with its lines '),
     (None, lambda c: (c.parent, None), '{r}: a run, not a checkpoint: pass {c}'),
     (None, lambda c: (c / 'no', None), '{c}/no: no such checkpoint folder'),
 ])
@@ -557,25 +584,36 @@ def test_no_code_from_a_checkpoint_or_model_folder_runs(saved, tmp_path):
 @pytest.mark.parametrize('killed', [False, True])
 def test_kill_during_save_leaves_the_old_checkpoint(saved, tmp_path, monkeypatch, killed):
     """os.replace raising stands for a kill at the last instant before the switch; `killed` also
-    leaves the temporary files behind, as SIGKILL does."""
+    leaves the temporary file behind, as SIGKILL does."""
     folder = shutil.copytree(saved, tmp_path / 'ck')
     model, tok = tiny(seed=2)
-
-    def kill(*a):
-        raise KeyboardInterrupt
-    monkeypatch.setattr(os, 'replace', kill)
-    monkeypatch.setattr(os, 'rename', kill)
+    monkeypatch.setattr(os, 'replace', lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
     if killed:
         monkeypatch.setattr(os, 'remove', lambda p: None)
-        monkeypatch.setattr(shutil, 'rmtree', lambda *a, **k: None)
     for target in (folder, tmp_path / 'new'):
         with pytest.raises(KeyboardInterrupt):
             data.save_checkpoint(str(target), model, tok, {'epoch': 8})
     monkeypatch.undo()
     assert data.load_checkpoint(str(folder))[2]['epoch'] == 7
-    assert not (tmp_path / 'new').exists()
-    left = sorted(f for d in (tmp_path, folder) for f in os.listdir(d) if f.endswith('.tmp'))
-    assert len(left) == (2 if killed else 0)
+    assert 'no model.safetensors' in error(lambda: data.load_checkpoint(str(tmp_path / 'new')))
+    left = [f for d in (tmp_path / 'new', folder) for f in os.listdir(d)]
+    assert sorted(left) == sorted(data.CHECKPOINT + ('.model.safetensors.tmp',) * (2 * killed))
     data.save_checkpoint(str(folder), model, tok, {'epoch': 8})  # the next save is not in the way
     data.save_checkpoint(str(tmp_path / 'new'), model, tok, {'epoch': 8})
     assert [data.load_checkpoint(str(f))[2]['epoch'] for f in (folder, tmp_path / 'new')] == [8, 8]
+    assert sorted(os.listdir(tmp_path / 'new')) == sorted(data.CHECKPOINT)
+
+
+def test_a_pretrained_model_must_bring_its_encoder(saved, tmp_path, capsys):
+    mlm, tok = data.tiny_bert(TEXTS)
+    for x in (mlm.base_model, tok):  # an encoder without the MLM head, as all-MiniLM-L6-v2
+        x.save_pretrained(tmp_path / 'encoder')
+    data.load_pretrained(str(tmp_path / 'encoder'))
+    assert capsys.readouterr().err.endswith(  # after transformers' progress bars
+        f"warning: model '{tmp_path / 'encoder'}' has no MLM-head weights: the head starts "
+        'random\n')
+    msg = error(lambda: data.load_pretrained(str(saved)))  # an LH-Mix checkpoint
+    assert msg == (f"model '{saved}': 37 encoder weights missing (bert.embeddings.LayerNorm.bias, "
+                   '...): not a pretrained masked LM (to continue a run: train.py --resume; to '
+                   'score a checkpoint: evaluate.py --ckpt)') if lhmix.MASK_4D else msg.startswith(
+        f"could not load model '{saved}': ValueError: Incompatible safetensors file")  # 4.x

@@ -1,17 +1,17 @@
 """Train LH-Mix (or an ablation), then test the best-dev checkpoint.
 
-    python train.py --data demo                      # synthetic data + tiny BERT, a minute on a CPU
-    python train.py --data wos --data-dir data/wos   # bert-base-uncased on WOS
+    python train.py --data demo      # synthetic data and a tiny BERT: about a minute on a CPU
+    python train.py --data wos       # bert-base-uncased on WOS, as the paper (downloads WOS)
 
-Writes OUT/metrics.jsonl (a line per epoch), the checkpoints OUT/best/ and OUT/last/ (loadable
-after a kill at any instant) and OUT/test_metrics.json.
+The run folder (--out) gets metrics.jsonl (a line an epoch), the checkpoints best/ and last/
+(loadable after a kill at any instant: --resume continues) and test_metrics.json.
 """
 import argparse
 import hashlib
 import json
 import math
 import os
-import shutil
+import re
 import sys
 import time
 import warnings
@@ -24,91 +24,187 @@ import data
 import evaluate
 import lhmix
 
-# Defaults, each from its source. The paper (Sec. 5.2) gives the model, Adam's learning rate, the
-# warm-up and the early stopping; for alpha, beta only grids (Fig. 5: one varied, the other at 1).
-DEFAULTS = dict(
-    model='bert-base-uncased',  # the paper
-    arch='prompt',              # the paper's hierarchical prompt; 'bert': the flat [CLS] ablation
-    mix='lhmix',                # LH-Mix; 'mixup': vanilla Mixup; 'none'
-    lr=3e-5,                    # the paper: Adam at 3e-5
-    warmup_epochs=5,            # the paper: 5 epochs without Mixup, then Mixup
-    early_stop=5,               # the paper: stop after 5 epochs without a better dev macro-F1
-    alpha=1.0, beta=0.75,       # Eq. 4: the authors' README command for RCV1 (argparse: 2, 0.5)
-    mix_alpha=1.0,              # Beta(1, 1) for vanilla Mixup: Zhang et al.'s code's default
-    batch=16,                   # HPT's, and the authors' RCV1 command
-    max_length=512,             # HPT's
-    no_mlm=False,               # HPT's auxiliary MLM loss on, as in the authors' code
-    epochs=100,                 # this implementation's cap: early stopping ends runs before it
-    seed=0, train_fraction=1.0)
-# bf16 autocast on GPUs (fp16 without bf16) is this implementation's; the authors trained in fp32.
 DEMO = dict(model='tiny', epochs=12, warmup_epochs=4, lr=1e-3, max_length=128)  # --data demo
 MLM_RATE = 0.15  # HPT's MLM loss masks 15% of the text word-pieces
-RUN = ('best', 'last', evaluate.METRICS, evaluate.TEST_METRICS)  # a run folder's files
-# each number's valid range (lo, hi]
-RANGES = dict(lr=(0, math.inf), alpha=(0, math.inf), beta=(0.5, 1), mix_alpha=(0, math.inf),
-              train_fraction=(0, 1), epochs=(0, math.inf), early_stop=(0, math.inf),
-              warmup_epochs=(-1, math.inf), batch=(0, math.inf), max_length=(0, math.inf))
+CONTROL = ('out', 'device', 'resume', 'overwrite', 'no_cuda_graphs')  # not part of a run
+
+
+def within(cast, lo, hi=math.inf):
+    """An argparse type: a finite number x with lo < x <= hi."""
+    def number(text):
+        x = cast(text)
+        if not (lo < x <= hi and math.isfinite(x)):
+            raise argparse.ArgumentTypeError(
+                f'must be in ({lo}, {hi}{"]" if hi < math.inf else ")"}, got {text}')
+        return x
+    number.__name__ = cast.__name__  # argparse: "invalid int value: 'x'"
+    return number
 
 
 def parse(argv=None):
-    """(args, the hyperparameters given on the command line)."""
-    p = argparse.ArgumentParser(description=__doc__, argument_default=argparse.SUPPRESS,
+    """(the arguments, those given on the command line). Each default names its source."""
+    p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add_argument
-    add('--data', required=True, help='wos, nyt, rcv1, demo, or a HiAGM-format folder')
-    for k, v in DEFAULTS.items():  # the hyperparameters: absent unless given
-        if v is False:
-            add('--' + k.replace('_', '-'), action='store_true')
-        else:
-            add('--' + k.replace('_', '-'), type=type(v), help=f'default {v}', choices={
-                'arch': ['prompt', 'bert'], 'mix': ['none', 'mixup', 'lhmix']}.get(k))
-    add('--data-dir', default=None, help='default data/NAME')
-    add('--out', default=None, help='default out/DATA-ARCH-MIX-sSEED')
-    add('--device', default=None, help='cpu, cuda or cuda:N (default cuda if there is one)')
-    for flag in ('--resume', '--overwrite', '--no-cuda-graphs'):
-        add(flag, action='store_true', default=False)
-    ns = p.parse_args(argv)
-    given = {k: v for k, v in vars(ns).items() if k in DEFAULTS}
-    args = argparse.Namespace(**{**DEFAULTS, **(DEMO if ns.data == 'demo' else {}), **vars(ns)})
-    for k, (lo, hi) in RANGES.items():
-        if not (lo < getattr(args, k) <= hi and math.isfinite(getattr(args, k))):
-            p.error(f"--{k.replace('_', '-')} must be in ({lo}, {hi}{']' if hi < math.inf else ')'}"
-                    f', got {getattr(args, k)}')
+    add('--data', required=True, help='wos, nyt, rcv1, demo (synthetic; with the settings '
+        f'{DEMO}) or a folder in HiAGM/HPT format')
+    add('--data-dir', help='the folder of wos, nyt or rcv1 (default: data/NAME)')
+    add('--model', default='bert-base-uncased', help='a BERT-style masked LM: hub id or folder; '
+        'tiny: a 2-layer BERT built from the data (default: the paper\'s, Sec. 5.2)')
+    add('--arch', default='prompt', choices=['prompt', 'bert'], help="prompt: the paper's "
+        "hierarchical prompt; bert: Table 3's flat BERT, HGCLR's (linear on [CLS], BCE loss)")
+    add('--mix', default='lhmix', choices=['lhmix', 'mixup', 'none'],
+        help='LH-Mix, vanilla Mixup or no Mixup (Table 3)')
+    add('--lr', type=within(float, 0), default=3e-5, help="Adam's learning rate (the paper: 3e-5)")
+    add('--warmup-epochs', type=within(int, -1), default=5,
+        help='epochs without Mixup first (the paper: 5)')
+    add('--early-stop', type=within(int, 0), default=5,
+        help='stop after this many epochs without a better dev macro-F1 (the paper: 5)')
+    add('--epochs', type=within(int, 0), default=100,
+        help='at most (this implementation\'s cap: early stopping ends runs before it)')
+    add('--alpha', type=within(float, 0), default=1.0,
+        help="Eq. 4's alpha (the authors' README command for RCV1: 1)")
+    add('--beta', type=within(float, 0.5, 1), default=0.75,
+        help="Eq. 4's beta (the authors' README command for RCV1: 0.75)")
+    add('--mix-alpha', type=within(float, 0), default=1.0,
+        help="vanilla Mixup's Beta(a, a) (Zhang et al.'s code: 1)")
+    add('--batch', type=within(int, 0), default=16, help="documents a step (HPT's: 16)")
+    add('--max-length', type=within(int, 0), default=512, help="tokens an input (HPT's: 512)")
+    add('--no-mlm', action='store_true',
+        help="without HPT's auxiliary MLM loss (the authors' code has it)")
+    add('--train-fraction', type=within(float, 0, 1), default=1.0,
+        help='train on this random part of the training set (Fig. 4)')
+    add('--seed', type=within(int, -1, 2**32 - 1), default=0, help='the random seed')
+    add('--out', help='the run folder (default: out/DATA-ARCH-MIX-sSEED)')
+    add('--device', type=evaluate.device, default='cuda' if torch.cuda.is_available() else 'cpu',
+        help='cpu, cuda or cuda:N (default: cuda if there is one)')
+    add('--resume', action='store_true',
+        help="continue the run in --out with its own settings (a given --epochs extends it)")
+    add('--overwrite', action='store_true',
+        help='replace the run in --out, once this one has an epoch')
+    add('--no-cuda-graphs', action='store_true', help='run the GPU steps eagerly')
+    args = p.parse_args(argv)
+    if args.data == 'demo':
+        p.set_defaults(**DEMO)
+        args = p.parse_args(argv)
     if args.resume and args.overwrite:
         p.error('--resume and --overwrite exclude each other')
-    args.device = str(evaluate.parse_device(p, args.device))
-    args.out = args.out or os.path.join(
-        'out', f'{os.path.basename(args.data.rstrip("/"))}-{args.arch}-{args.mix}-s{args.seed}')
+    p.set_defaults(**dict.fromkeys(vars(args)))  # None: not on the command line
+    given = {k: v for k, v in vars(p.parse_args(argv)).items() if v is not None}
+    args.out = os.path.normpath(args.out or os.path.join('out', '-'.join((
+        os.path.basename(os.path.normpath(args.data)), args.arch, args.mix, f's{args.seed}'))))
     return args, given
 
 
+# -----------------------------------------------------------------------------
+# The run folder: train.py writes RUN there (while saving, .NAME.tmp files too), and a new run's
+# first epoch in .OUT.new beside it; it deletes nothing else, and only by these exact names
+
+RUN = (evaluate.METRICS, evaluate.TEST_METRICS,
+       *(f'{c}/{f}' for c in ('best', 'last') for f in data.CHECKPOINT))
+TMP = tuple(re.sub(r'([^/]+)$', r'.\1.tmp', f) for f in RUN)  # data.write_atomically's
+
+
+def is_run(folder):  # recognised by the metadata train.py puts in last/model.safetensors
+    try:
+        return 'history' in data.checkpoint_meta(os.path.join(folder, 'last'))
+    except Exception:  # missing, unreadable, not ours: not a run
+        return False
+
+
+def foreign(folder):
+    """The first path in `folder` that train.py did not write, or None."""
+    for root, dirs, files in os.walk(folder):
+        for name in sorted(dirs + files):
+            rel = os.path.relpath(os.path.join(root, name), folder)
+            if rel not in RUN + TMP + ('best', 'last'):
+                return os.path.join(folder, rel)
+    return None
+
+
+def remove(folder, names=RUN + TMP):
+    """Deletes `names` in `folder`, then the folders they emptied: the OS refuses to delete a
+    folder that still holds another file."""
+    for name in names:
+        if os.path.lexists(os.path.join(folder, name)):
+            os.remove(os.path.join(folder, name))
+    for sub in ('best', 'last', '') if names == RUN + TMP and os.path.isdir(folder) else ():
+        if os.path.isdir(os.path.join(folder, sub)):
+            os.rmdir(os.path.join(folder, sub))
+
+
+def beside(out, what):  # .OUT.new: a new run's first epoch; .OUT.old: the run it replaces
+    return os.path.join(os.path.dirname(out), f'.{os.path.basename(out)}.{what}')
+
+
 def check_out(args):
-    """--out's problems, refused before anything is computed. A run is recognised by its files."""
-    out = up = args.out
-    while not os.path.lexists(up) and os.path.dirname(up) not in ('', up):
+    """--out's problems, refused before anything is computed; then what killed saves left is
+    deleted. Returns the folder's real path (where a link points)."""
+    out = up = os.path.realpath(args.out)
+    if os.path.islink(args.out) and not os.path.exists(args.out):
+        raise ValueError(f'--out {args.out}: a symbolic link to nothing ({out})')
+    while not os.path.exists(up):
         up = os.path.dirname(up)
-    if os.path.lexists(up) and not os.path.isdir(up):
-        raise ValueError(f'--out {out}: {"" if up == out else up + " "}is a file, not a folder')
-    if args.overwrite and os.path.islink(out):
-        raise ValueError(f'--out {out}: a symbolic link; --overwrite replaces only a real folder')
-    names = sorted(os.listdir(out)) if os.path.isdir(out) else []
-    run = evaluate.METRICS in names and all(  # a killed save leaves .NAME.PID.tmp
-        n in RUN or n.endswith('.tmp') and n[1:].rsplit('.', 2)[0] in RUN for n in names)
-    if names and not run:
-        raise ValueError(f'--out {out}: not a train.py run (it holds {", ".join(names[:3])}...); '
-                         'choose another --out')
-    if args.resume and not run:
-        raise ValueError(f'--resume: {out} holds no run to continue; start one without --resume')
+    if not os.path.isdir(up) or not os.access(up, os.W_OK | os.X_OK):
+        raise ValueError(f'--out {args.out}: {up} is ' + ('not writable' if os.path.isdir(up)
+                                                          else 'a file, not a folder'))
+    run = is_run(out)  # at --resume, a damaged last/ is load_checkpoint's to describe
+    if args.resume and not (run or os.path.isdir(os.path.join(out, 'last'))):
+        raise ValueError(f'--resume: {args.out} holds no run to continue; start one without it')
+    if not (run or args.resume) and os.path.isdir(out) and os.listdir(out):
+        raise ValueError(f'--out {args.out}: holds no train.py run (it holds '
+                         f'{", ".join(sorted(os.listdir(out))[:3])}...); choose another --out')
     if run and not (args.resume or args.overwrite):
-        raise ValueError(f'--out {out}: holds an earlier run; continue it with --resume, replace '
-                         'it with --overwrite, or choose another --out')
+        raise ValueError(f'--out {args.out}: holds an earlier run; continue it with --resume, '
+                         'replace it with --overwrite, or choose another --out')
+    if run and args.overwrite and foreign(out):
+        raise ValueError(f'--overwrite: {foreign(out)} is not a file train.py writes; nothing '
+                         'is deleted while it is there')
+    for folder in (beside(out, 'new'), beside(out, 'old')):
+        remove(folder)
+    if run:
+        remove(out, TMP)
+    return out
 
 
-def digest(hierarchy, docs):
-    """What --resume checks against the run's: the labels, the training documents and theirs."""
-    x = json.dumps([hierarchy.labels, hierarchy.parent, docs]).encode()
-    return {'sha256': hashlib.sha256(x).hexdigest(), 'n': len(docs)}
+def put_in_place(new, out, args):
+    """The run written whole in `new` becomes `out`. An earlier run there (--overwrite) is renamed
+    aside first and deleted last: a kill in between leaves both whole."""
+    if os.path.isdir(out) and os.listdir(out):
+        if not (args.overwrite and is_run(out) and not foreign(out)):
+            raise ValueError(f'--out {args.out}: another run has written there since this one '
+                             'started; left as it is (choose another --out)')
+        os.rename(out, beside(out, 'old'))
+        os.replace(new, out)
+        remove(beside(out, 'old'))
+    else:
+        os.replace(new, out)  # onto nothing or an empty folder
 
+
+def save(out, first, args, model, tokenizer, info, history, extra):
+    """best/ when dev macro-F1 improved, metrics.jsonl, then last/, each file replaced whole: a
+    kill between them re-runs the epoch at --resume. A new run's first epoch is written whole
+    beside --out, then put in place."""
+    folder = beside(out, 'new') if first else out
+    try:
+        if since_best(history) == 0:
+            data.save_checkpoint(os.path.join(folder, 'best'), model, tokenizer,
+                                 {**info, 'epoch': len(history) - 1, 'dev': history[-1]},
+                                 {'labels_at_init': extra['labels_at_init']})
+        data.write_atomically(os.path.join(folder, evaluate.METRICS),
+                              ''.join(json.dumps(h) + '\n' for h in history))
+        data.save_checkpoint(os.path.join(folder, 'last'), model, tokenizer,
+                             {**info, 'history': history}, extra)
+        if first:
+            put_in_place(folder, out, args)
+    except BaseException:  # a new run's first epoch, half-written or refused
+        if first:
+            remove(folder)
+        raise
+
+
+# -----------------------------------------------------------------------------
+# CUDA graphs: a training step replayed from a graph costs the GPU's own kernel time
 
 def cuda_graphs_unavailable(device):
     """Why CUDA graphs cannot run the steps on `device`, or None when they can."""
@@ -151,13 +247,21 @@ class CUDAGraphs:
         return out
 
 
-def make_step(model, opt, graphs, table=None, alpha=None, beta=None):
-    """step(**batch) -> (loss, lambda or None) with no host sync: forward, backward, Adam; as CUDA
-    graphs with `graphs`. Vanilla Mixup's batch carries `lam`; LH-Mix's, `rows` and `partner`."""
+def make_step(model, lr, graphs, table=None, alpha=None, beta=None, adam=None):
+    """(step, Adam): step(**batch) -> (loss, lambda or None) with no host sync: forward, backward,
+    Adam (its state from `adam`, extras adam.<parameter>.<name>); as CUDA graphs with `graphs`.
+    Vanilla Mixup's batch carries `lam`; LH-Mix's, `rows` (of `table`) and `partner`."""
     device = next(model.parameters()).device
+    opt = torch.optim.Adam(model.parameters(), lr=lr, fused=device.type == 'cuda',
+                           capturable=graphs)
+    state = {}
+    for key, v in (adam or {}).items():
+        _, i, name = key.split('.')
+        state.setdefault(int(i), {})[name] = v
+    opt.load_state_dict({'state': state, 'param_groups': opt.state_dict()['param_groups']})
     # fp16 (GPUs without bf16; no graphs) needs loss scaling; the scale restarts at --resume
-    fp16 = device.type == 'cuda' and not torch.cuda.is_bf16_supported()
-    scaler = torch.amp.GradScaler(enabled=fp16)
+    scaler = torch.amp.GradScaler(enabled=device.type == 'cuda' and not graphs
+                                  and not torch.cuda.is_bf16_supported())
 
     def forward_backward(rows=None, lam=None, **batch):
         if rows is not None:
@@ -179,7 +283,7 @@ def make_step(model, opt, graphs, table=None, alpha=None, beta=None):
         return out
 
     if not graphs:
-        return step
+        return step, opt
     # Adam's state made outside the graph: a step on zero gradients moves no weight; its step
     # count is undone (the warning: this step is not captured)
     if any(not opt.state[p] for p in params):
@@ -188,11 +292,62 @@ def make_step(model, opt, graphs, table=None, alpha=None, beta=None):
             opt.step()
         for p in params:
             opt.state[p]['step'].zero_()
-    return CUDAGraphs(step, warmup=forward_backward)
+    return CUDAGraphs(step, warmup=forward_backward), opt
+
+
+# -----------------------------------------------------------------------------
+# The run: prepare, fit (an epoch at a time, each saved), test
+
+def digest(hierarchy, splits):
+    """What --resume checks against the run's: the labels and every split's documents."""
+    x = json.dumps([hierarchy.labels, hierarchy.parent, splits]).encode()
+    return {'sha256': hashlib.sha256(x).hexdigest(), 'documents': {s: len(d) for s, d in
+                                                                   splits.items()}}
+
+
+def prepare(args, given, out):
+    """The settings, data, model and state of a new run, or of the run in --out (--resume: its
+    own settings, but a given --epochs; each other given one that differs is said)."""
+    history, extra = [], {}
+    if args.resume:
+        model, tokenizer, meta = data.load_checkpoint(os.path.join(out, 'last'))
+        saved, history, extra = meta['args'], meta['history'], meta['extra']
+        for k, v in given.items():
+            if k in saved and k != 'epochs' and v != saved[k]:
+                print(f'--resume: the run keeps its saved --{k.replace("_", "-")} {saved[k]} '
+                      f'(not {v})', file=sys.stderr)
+        args = argparse.Namespace(**{**vars(args), **saved,
+                                     'epochs': given.get('epochs', saved['epochs'])})
+    torch.manual_seed(args.seed)
+    hierarchy, splits = data.load_data(args.data, args.data_dir)
+    used = dict(splits)  # the training documents: all, or --train-fraction of them
+    if args.train_fraction < 1:
+        keep = np.random.default_rng(args.seed).permutation(len(splits['train']))
+        keep = sorted(keep[:math.ceil(args.train_fraction * len(keep))])
+        used['train'] = [splits['train'][i] for i in keep]
+    info = {'args': {k: v for k, v in vars(args).items() if k not in CONTROL},
+            'data': digest(hierarchy, used)}
+    if args.resume:
+        data.check_labels(model.hierarchy, hierarchy, os.path.join(args.out, 'last'))
+        if meta['data'] != info['data']:
+            raise ValueError(f'--resume: the documents of --data {args.data} differ from the '
+                             f"run's ({meta['data']['documents']} then, "
+                             f"{info['data']['documents']} now); start a new run")
+    else:
+        mlm, tokenizer = (data.tiny_bert([t for t, _ in used['train']] + hierarchy.names)
+                          if args.model == 'tiny' else data.load_pretrained(args.model))
+        model = lhmix.build_model(mlm, tokenizer, hierarchy, args.arch, args.max_length)
+        extra['labels_at_init'] = model.label_embeddings().detach().clone()  # for tools/
+    budget, most = model.text_budget(args.max_length), model.mlm.config.max_position_embeddings
+    if not 0 < budget <= model.text_budget(most):
+        raise ValueError(f'--max-length {args.max_length} leaves {budget} text tokens for this '
+                         f'model (at most {most} positions)')
+    return args, hierarchy, splits, used, model, tokenizer, info, history, extra
 
 
 def train_epoch(model, step, tokens, labels, rows, args, epoch, bar):
-    """One pass over the training set: (mean loss, the lambdas used or None)."""
+    """One pass over the training set: (mean loss, the lambdas used or None). Mixing batches are
+    random (partners: lhmix.train_batches), so two documents share a row (lhmix.layout)."""
     device = next(model.parameters()).device
     rng = np.random.default_rng([args.seed, epoch])  # per-epoch streams make --resume repeatable
     torch.manual_seed(args.seed * 100003 + epoch)
@@ -204,7 +359,7 @@ def train_epoch(model, step, tokens, labels, rows, args, epoch, bar):
     for idx, partner in batches:
         batch = lhmix.make_batch(model, [tokens[i] for i in idx], [labels[i] for i in idx],
                                  lhmix.pad_multiple(device), rng, mlm_rate,
-                                 static=isinstance(step, CUDAGraphs))
+                                 static=isinstance(step, CUDAGraphs), pack=mixing)
         if mixing:
             batch['partner'] = torch.from_numpy(partner)
             if args.mix == 'lhmix':
@@ -224,173 +379,118 @@ def train_epoch(model, step, tokens, labels, rows, args, epoch, bar):
     return loss, torch.cat(lams).double().cpu().numpy() if lams else None
 
 
-def metrics_line(epoch, loss, dev, lam, seconds, n):
-    """metrics.jsonl's line for an epoch, printed; lam: the ratios used (the README's plot)."""
-    line = {'epoch': epoch, 'mix': lam is not None, 'train_loss': loss,
-            'dev_micro_f1': dev['micro_f1'], 'dev_macro_f1': dev['macro_f1'],
-            'seconds': round(seconds, 2), 'samples_per_s': round(n / seconds, 1)}
-    mixed = ''
-    if lam is not None:
-        q = [0, 5, 25, 50, 75, 95, 100]
-        line['lambda'] = {'mean': float(lam.mean()), 'quantiles': dict(
-            zip(map(str, q), np.quantile(lam, np.array(q) / 100).tolist()))}
-        mixed = f'  mixup, mean lambda {lam.mean():.3f}'
-    tqdm.write(f"epoch {epoch:3d}  loss {loss:.4f}  dev micro-F1 {100 * dev['micro_f1']:.2f}  "
-               f"macro-F1 {100 * dev['macro_f1']:.2f}  {seconds:.1f} s{mixed}")
-    return line
-
-
 def since_best(history):
     """Epochs since the best dev macro-F1 (the first of equal ones)."""
     f1 = [h['dev_macro_f1'] for h in history]
     return len(f1) - 1 - int(np.argmax(f1)) if f1 else 0
 
 
-def put_in_place(new, out, overwrite):
-    """The run written whole in `new` becomes `out`. An earlier run there (--overwrite) is renamed
-    aside first and removed last: a kill in between leaves both whole."""
-    taken = os.path.isdir(out) and os.listdir(out)
-    if taken and not overwrite:
-        raise ValueError(f'--out {out}: another run has written there since this one started; '
-                         'left as it is (choose another --out)')
-    if taken:
-        old = f'{out}.old-{os.urandom(4).hex()}'
-        os.rename(out, old)
-    os.replace(new, out)  # onto nothing or an empty folder
-    if taken:
-        shutil.rmtree(old)
+def fit(args, out, model, tokenizer, tokens, gold, info, history, extra):
+    """Epochs until --epochs or early stopping, each saved; metrics.jsonl's line printed."""
+    device = args.device
+    model.to(device)
+    graphs = device.type == 'cuda' and not args.no_cuda_graphs
+    if graphs and cuda_graphs_unavailable(device):
+        print(f'CUDA graphs off: {cuda_graphs_unavailable(device)}', file=sys.stderr)
+        graphs = False
+    if args.mix == 'lhmix' and 'table' not in extra:  # the initial encoder, frozen (Sec. 4.1)
+        extra['table'], extra['rows'] = lhmix.local_hierarchy_table(model, tokenizer, gold['train'])
+        print(f"{len(extra['table'])} distinct local hierarchies encoded")
+    table, rows = extra.get('table'), extra.get('rows')  # the table on the device, rows on the host
+    step, opt = make_step(model, args.lr, graphs, table if table is None else table.to(device),
+                          args.alpha, args.beta, {k: v for k, v in extra.items() if 'adam.' in k})
+    first, steps = not args.resume, -(-len(tokens['train']) // args.batch)
+    try:
+        with tqdm(total=steps * max(args.epochs - len(history), 0), disable=None) as bar:
+            for epoch in range(len(history), args.epochs):
+                if since_best(history) >= args.early_stop:
+                    tqdm.write(f'early stop: dev macro-F1 not improved for {args.early_stop} '
+                               'epochs')
+                    break
+                t0 = time.time()
+                loss, lam = train_epoch(model, step, tokens['train'], gold['train'],
+                                        None if rows is None else rows.cpu(), args, epoch, bar)
+                seconds = time.time() - t0
+                history.append(epoch_line(model, tokens, gold, epoch, loss, lam, seconds))
+                if not all(torch.isfinite(p).all() for p in model.parameters()):
+                    raise FloatingPointError(f'the weights became infinite or NaN in epoch '
+                                             f'{epoch} (try a lower --lr); this epoch is not saved')
+                extra.update({f'adam.{i}.{k}': v for i, s in opt.state_dict()['state'].items()
+                              for k, v in s.items()})
+                save(out, first, args, model, tokenizer, info, history, extra)
+                first = False
+    except KeyboardInterrupt:  # main's message: whether --out holds this run yet
+        raise KeyboardInterrupt(first) from None
+
+
+def epoch_line(model, tokens, gold, epoch, loss, lam, seconds):
+    """metrics.jsonl's line for an epoch (dev F1; the ratios used, as quantiles), printed."""
+    dev = evaluate.f1_scores(lhmix.score_documents(model, tokens['dev']) > 0, gold['dev'],
+                             len(model.hierarchy))
+    line = {'epoch': epoch, 'mix': lam is not None, 'train_loss': loss,
+            'dev_micro_f1': dev['micro_f1'], 'dev_macro_f1': dev['macro_f1'],
+            'seconds': round(seconds, 2), 'samples_per_s': round(len(tokens['train']) / seconds, 1)}
+    if lam is not None:
+        q = [0, 5, 25, 50, 75, 95, 100]
+        line['lambda'] = {'mean': float(lam.mean()), 'quantiles': dict(
+            zip(map(str, q), np.quantile(lam, np.array(q) / 100).tolist()))}
+    tqdm.write(f"epoch {epoch:3d}  loss {loss:.4f}  dev micro-F1 {100 * dev['micro_f1']:.2f}  "
+               f"macro-F1 {100 * dev['macro_f1']:.2f}  {seconds:.1f} s"
+               + (f'  mixup, mean lambda {lam.mean():.3f}' if lam is not None else ''))
+    return line
+
+
+def test(args, out, tokens, gold, hierarchy, splits, info):
+    """The test figures of the best-dev checkpoint, as evaluate.py computes them (label
+    frequencies: in the whole training split)."""
+    best, _, meta = data.load_checkpoint(os.path.join(out, 'best'), args.device)
+    result = evaluate.report(lhmix.score_documents(best, tokens['test']) > 0, gold['test'],
+                             hierarchy, [ls for _, ls in splits['train']])
+    result.update(best_epoch=meta['epoch'], checkpoint=os.path.join(args.out, 'best'),
+                  args=info['args'])
+    data.write_atomically(os.path.join(out, evaluate.TEST_METRICS), json.dumps(result, indent=1))
+    print(f"test micro-F1 {100 * result['micro_f1']:.2f}  macro-F1 {100 * result['macro_f1']:.2f}"
+          f"  (best dev epoch {meta['epoch']}, {args.out})")
 
 
 def train(args, given):
-    check_out(args)
-    device, out = torch.device(args.device), args.out
-    if args.resume:  # the run's saved arguments, but --epochs if given; the rest said
-        model, tokenizer, meta = data.load_checkpoint(os.path.join(out, 'last'))
-        for k, v in [*given.items(), ('data', args.data), ('data_dir', args.data_dir)]:
-            if k != 'epochs' and v != meta['args'][k]:
-                print(f'--resume: the run keeps its saved --{k.replace("_", "-")} '
-                      f'{meta["args"][k]} (not {v})', file=sys.stderr)
-        vars(args).update({**meta['args'], 'epochs': given.get('epochs', meta['args']['epochs'])})
-    torch.manual_seed(args.seed)
-    hierarchy, splits = data.load_data(args.data, args.data_dir)
-    docs = splits['train']
-    if args.train_fraction < 1:
-        keep = np.random.default_rng(args.seed).permutation(len(docs))
-        docs = [docs[i] for i in sorted(keep[:math.ceil(args.train_fraction * len(docs))])]
-    info = {'args': {k: getattr(args, k) for k in [*DEFAULTS, 'data', 'data_dir']},
-            'data': digest(hierarchy, docs)}
-    if args.resume:
-        if meta['data'] != info['data']:
-            raise ValueError(f'--resume: the labels or training documents of --data {args.data} '
-                             f"differ from the run's ({meta['data']['n']} training documents then, "
-                             f'{len(docs)} now); start a new run')
-        history, extra = meta['history'], meta['extra']  # the epochs' metrics lines, last/'s extras
-    else:
-        history, extra = [], {}
-        mlm, tokenizer = (data.tiny_bert([t for t, _ in docs] + hierarchy.names)
-                          if args.model == 'tiny' else data.load_pretrained(args.model))
-        model = lhmix.build_model(mlm, tokenizer, hierarchy, args.arch, args.max_length)
+    out = check_out(args)
+    args, hierarchy, splits, used, model, tokenizer, info, history, extra = prepare(args, given,
+                                                                                   out)
     if ((len(history) >= args.epochs or since_best(history) >= args.early_stop)
             and os.path.exists(os.path.join(out, evaluate.TEST_METRICS))):
-        return print(f'--resume: {out} is finished ({len(history)} epochs); nothing to do',
+        return print(f'--resume: {args.out} is finished ({len(history)} epochs); nothing to do',
                      file=sys.stderr)
-    max_text, most = model.text_budget(args.max_length), model.mlm.config.max_position_embeddings
-    if not 0 < max_text <= model.text_budget(most):
-        raise ValueError(f'--max-length {args.max_length} leaves {max_text} text tokens for this '
-                         f'model (at most {most} positions)')
     if args.mix != 'none' and args.epochs <= args.warmup_epochs:
         print(f'warning: --epochs {args.epochs} <= --warmup-epochs {args.warmup_epochs}: Mixup '
               'never starts', file=sys.stderr)
     tokens, cut, gold = {}, {}, {}
-    for name, split in (('train', docs), ('dev', splits['dev']), ('test', splits['test'])):
-        tokens[name], cut[name] = lhmix.tokenize(tokenizer, [t for t, _ in split], max_text)
-        gold[name] = [ls for _, ls in split]
+    for name, docs in used.items():
+        tokens[name], cut[name] = lhmix.tokenize(tokenizer, [t for t, _ in docs],
+                                                 model.text_budget(args.max_length))
+        gold[name] = [ls for _, ls in docs]
     print(f'{len(hierarchy)} labels, depth {hierarchy.num_depths}; documents '
           + ', '.join(f'{k} {len(v)}' for k, v in tokens.items())
           + f'; cut to --max-length {args.max_length}: ' + ', '.join(f'{k} {cut[k]}' for k in cut))
-
-    model.to(device)
-    graphs = device.type == 'cuda' and not args.no_cuda_graphs
-    why_not = graphs and cuda_graphs_unavailable(device)
-    if why_not:
-        print(f'CUDA graphs off: {why_not}', file=sys.stderr)
-        graphs = False
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr, fused=device.type == 'cuda',
-                           capturable=graphs)
-    if history:  # Adam's state, saved as extras adam.<parameter>.<name>
-        state = {}
-        for key, v in extra.items():
-            if key.startswith('adam.'):
-                _, i, name = key.split('.')
-                state.setdefault(int(i), {})[name] = v
-        opt.load_state_dict({'state': state, 'param_groups': opt.state_dict()['param_groups']})
-    table, rows = extra.get('table'), extra.get('rows')
-    if args.mix == 'lhmix' and table is None:  # the initial encoder, frozen (Sec. 4.1)
-        table, rows = lhmix.local_hierarchy_table(model, tokenizer, gold['train'])
-        print(f'{len(table)} distinct local hierarchies encoded')
-    if table is not None:  # the table on the device, each document's row on the host
-        table, rows = table.to(device), rows.cpu()
-    step = make_step(model, opt, graphs, table, args.alpha, args.beta)
-
-    steps = -(-len(docs) // args.batch)  # one bar for the run, off when not a terminal
-    with tqdm(total=steps * max(args.epochs - len(history), 0), disable=None) as bar:
-        for epoch in range(len(history), args.epochs):
-            if since_best(history) >= args.early_stop:
-                tqdm.write(f'early stop: dev macro-F1 not improved for {args.early_stop} epochs')
-                break
-            t0 = time.time()
-            loss, lam = train_epoch(model, step, tokens['train'], gold['train'], rows, args,
-                                    epoch, bar)
-            seconds = time.time() - t0
-            dev = evaluate.f1_scores(lhmix.score_documents(model, tokens['dev']) > 0, gold['dev'],
-                                     len(hierarchy))
-            history.append(metrics_line(epoch, loss, dev, lam, seconds, len(docs)))
-            if not all(torch.isfinite(p).all() for p in model.parameters()):
-                raise FloatingPointError(f'the weights became infinite or NaN in epoch {epoch} '
-                                         '(try a lower --lr); this epoch is not saved')
-            # best/ if dev macro-F1 improved, metrics.jsonl, then last/: a kill between them
-            # re-runs the epoch at --resume. A new run's first epoch is written whole beside
-            # --out, then put in place (over an earlier run only now, with --overwrite).
-            folder = out if args.resume else f'{out}.new-{os.urandom(4).hex()}'
-            try:
-                if since_best(history) == 0:
-                    data.save_checkpoint(os.path.join(folder, 'best'), model, tokenizer,
-                                         {**info, 'epoch': epoch, 'dev': history[-1]})
-                data.write_atomically(os.path.join(folder, evaluate.METRICS),
-                                      ''.join(json.dumps(h) + '\n' for h in history))
-                extra = {f'adam.{i}.{k}': v for i, s in opt.state_dict()['state'].items()
-                         for k, v in s.items()}
-                if table is not None:
-                    extra.update(table=table, rows=rows)
-                data.save_checkpoint(os.path.join(folder, 'last'), model, tokenizer,
-                                     {**info, 'history': history}, extra)
-                if not args.resume:
-                    put_in_place(folder, out, args.overwrite)
-            finally:  # a new run's first epoch, half-written or refused (nothing once in place)
-                if folder != out:
-                    shutil.rmtree(folder, ignore_errors=True)
-            args.resume = True  # from now on, a run that --resume continues
-
-    # the test figures of the best-dev checkpoint, as evaluate.py computes them
-    best, _, meta = data.load_checkpoint(os.path.join(out, 'best'), device)
-    result = evaluate.report(lhmix.score_documents(best, tokens['test']) > 0, gold['test'],
-                             hierarchy, [ls for _, ls in splits['train']])
-    result.update(best_epoch=meta['epoch'], checkpoint=os.path.join(out, 'best'), args=info['args'])
-    data.write_atomically(os.path.join(out, evaluate.TEST_METRICS), json.dumps(result, indent=1))
-    print(f"test micro-F1 {100 * result['micro_f1']:.2f}  macro-F1 {100 * result['macro_f1']:.2f}"
-          f"  (best dev epoch {meta['epoch']}, {out})")
+    fit(args, out, model, tokenizer, tokens, gold, info, history, extra)
+    test(args, out, tokens, gold, hierarchy, splits, info)
 
 
 def main(argv=None):
     args, given = parse(argv)
     try:
         train(args, given)
-    except KeyboardInterrupt:
-        sys.exit('interrupted: resume with --resume' if args.resume
-                 else f'interrupted before the first epoch was saved: {args.out} unchanged')
+        sys.stdout.flush()  # here, so that a closed pipe is caught below
+    except KeyboardInterrupt as e:
+        sys.exit(f'interrupted before the first epoch was saved: {args.out} unchanged'
+                 if (e.args[0] if e.args else not args.resume) else
+                 'interrupted: resume with --resume')
+    except BrokenPipeError:  # `train.py ... | head -1`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
     except torch.OutOfMemoryError:
-        sys.exit(f'error: out of GPU memory at --batch {args.batch}; try a smaller --batch')
-    except OSError as e:  # disk full, permissions
+        sys.exit('error: out of GPU memory; try a smaller --batch')
+    except OSError as e:  # disk full, permissions: the OS's words
         sys.exit(f'error: {e.filename or args.out}: {e.strerror or e}')
     except (ValueError, FloatingPointError) as e:
         sys.exit(f'error: {e}')

@@ -1,13 +1,16 @@
 """Speed of LH-Mix against the bare encoder it sits on, in one run on one device.
 
-    python bench.py                                 # bert-base sizes, WOS-like lengths, on the GPU
-    python bench.py --size tiny --steps 3 --rounds 2    # CPU smoke test
+    python tools/bench.py                    # bert-base sizes, WOS-like lengths, on the GPU
+    python tools/bench.py --epoch            # a graphed train.py epoch at WOS's size, Mixup on
+    python tools/bench.py --steps 3 --rounds 2   # a smoke test (on a CPU: tiny sizes)
 
 The limit is the GPU-kernel time of the floor: the bare encoder's forward + backward + Adam.
 Weights are random: speed does not depend on them.
 """
 import argparse
 import functools
+import os
+import sys
 import time
 
 import numpy as np
@@ -15,29 +18,33 @@ import torch
 from tqdm import tqdm
 from transformers import BertConfig, BertForMaskedLM
 
-import evaluate
-import lhmix
-import train
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import evaluate  # noqa: E402
+import lhmix  # noqa: E402
+import train  # noqa: E402
 
 # hidden, layers, heads, vocabulary; text word-pieces: mean, sd (base: WOS's)
 SIZES = {'base': (768, 12, 12, 30522, 284, 100), 'tiny': (128, 2, 2, 1000, 100, 60)}
 PARENTS = {f'd{i}': None for i in range(7)} | {f'a{j}': f'd{j % 7}' for j in range(134)}  # WOS's
 FLOOR = ('input_ids', 'attention_mask')
-PROMPT = FLOOR + ('targets', 'mlm_pos', 'mlm_labels')
 
 p = argparse.ArgumentParser(description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-p.add_argument('--size', default='base', choices=SIZES)
+p.add_argument('--size', choices=SIZES, help='bert-base or a tiny BERT (default: base on a GPU)')
 p.add_argument('--batch', type=int, default=16)
 p.add_argument('--steps', type=int, default=30, help='batches per timed pass')
 p.add_argument('--rounds', type=int, default=9, help='timed passes (median reported)')
-p.add_argument('--device', help='cpu, cuda or cuda:N (default: cuda when there is one)')
-p.add_argument('--epoch', action='store_true', help="instead: a train.py epoch at WOS's size")
+p.add_argument('--device', type=evaluate.device,
+               default='cuda' if torch.cuda.is_available() else 'cpu',
+               help='cpu, cuda or cuda:N (default: cuda if there is one)')
+p.add_argument('--epoch', action='store_true',
+               help="instead: a train.py epoch at WOS's size with Mixup (LH-Mix)")
 args = p.parse_args()
 if min(args.batch, args.steps, args.rounds) < 1:
     p.error('--batch, --steps and --rounds must be >= 1')
-device = evaluate.parse_device(p, args.device)
+device = args.device
 cuda, why_not = device.type == 'cuda', train.cuda_graphs_unavailable(device)
+args.size = args.size or ('base' if cuda else 'tiny')
 ways = ['eager'] + ([] if why_not else ['graphed'])
 table = torch.randn(64, SIZES[args.size][0], device=device)  # LH-Mix's: 64 hierarchies
 print(f"{torch.cuda.get_device_name(device) if cuda else 'CPU'}, torch {torch.__version__}, "
@@ -62,10 +69,9 @@ def documents(n, rng):
 
 
 def make_step(model, graphs, table=None):
-    """train.py's step, with Adam as train.py makes it."""
-    d = train.DEFAULTS
-    opt = torch.optim.Adam(model.parameters(), lr=d['lr'], fused=cuda, capturable=graphs)
-    return train.make_step(model, opt, graphs, table, d['alpha'], d['beta'])
+    """train.py's step, at its default settings."""
+    d, _ = train.parse(['--data', 'wos'])
+    return train.make_step(model, d.lr, graphs, table, d.alpha, d.beta)[0]
 
 
 class Floor(torch.nn.Module):
@@ -105,38 +111,46 @@ def compare(runs):
     return {k: float(np.median(v)) for k, v in times.items()}
 
 
+def memory():
+    return f', peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB' * cuda
+
+
 model = make_model()
-if args.epoch:  # graphs captured in it
+if args.epoch:  # Mixup from the first epoch; graphs captured in it
     docs, labels = documents(30070, np.random.default_rng(0))
     targs, _ = train.parse(['--data', 'wos', '--warmup-epochs', '0', '--batch', str(args.batch),
                             '--device', str(device)])
+    step = make_step(model, not why_not, table)
     t0 = time.perf_counter()
-    train.train_epoch(model, make_step(model, not why_not, table), docs, labels,
-                      torch.arange(len(docs)) % 64, targs, 0, tqdm(disable=True))
-    print(f'{ways[-1]} epoch of {len(docs)} documents: {time.perf_counter() - t0:.1f} s')
+    train.train_epoch(model, step, docs, labels, torch.arange(len(docs)) % 64, targs, 0,
+                      tqdm(disable=True))
+    print(f'{ways[-1]} LH-Mix epoch of {len(docs)} documents: {time.perf_counter() - t0:.1f} s'
+          + (f', {len(step.graphs)} graphs captured' if not why_not else '') + memory())
     raise SystemExit
 
-# The same documents in length-bucketed batches (train.py's without Mixup) and in random ones
-# (with Mixup); each way has its own model (a graphed step keeps its gradients).
+# The same documents in length-bucketed batches (train.py's without Mixup) and in random ones,
+# two documents a row (with Mixup); each way has its own model (a graphed step keeps its
+# gradients).
 rng = np.random.default_rng(0)
 docs, labels = documents(args.batch * args.steps, rng)
 orders = [[idx for idx, _ in lhmix.train_batches([len(d) for d in docs], args.batch, rng, mixing)]
           for mixing in (False, True)]
-runs = {}
+runs, steps = {}, {}
 for way in ways:
     graphed = way == 'graphed'
     floor, model = make_step(Floor(make_model().mlm.base_model), graphed), make_model()
-    step = make_step(model, graphed, table)
-    named = [('floor', floor, FLOOR), ('Prompt', step, PROMPT),
-             ('LH-Mix', step, PROMPT + ('rows', 'partner'))]
+    steps[way] = step = make_step(model, graphed, table)
     for mixing, order in enumerate(orders):
         bs = []  # train.py's batches, with table rows and partners, on the CPU
         for i, idx in enumerate(order):
             r = np.random.default_rng(i)  # the same eager and graphed
             b = lhmix.make_batch(model, [docs[j] for j in idx], [labels[j] for j in idx],
-                                 lhmix.pad_multiple(device), r, train.MLM_RATE, graphed)
+                                 lhmix.pad_multiple(device), r, train.MLM_RATE, graphed, mixing)
             bs.append(dict(b, rows=torch.tensor(idx % 64),
                            partner=torch.tensor(r.permutation(len(idx)))))
+        keys = [k for k in bs[0] if k not in ('rows', 'partner')]
+        named = [('floor', floor, FLOOR), ('Prompt', step, keys),
+                 ('LH-Mix', step, keys + ['rows', 'partner'])]
         for name, fn, keys in named[2 * mixing:]:  # random batches: LH-Mix only
             runs[f'{name}, {way}' + (', random batches' if mixing else '')] = (
                 functools.partial(timed, fn, keys), bs)
@@ -154,9 +168,11 @@ else:
 print(f"limit: {limit:.2f} ms/step, the floor's {'GPU-kernel' if cuda else 'eager (no GPU)'} time")
 print(f"{'training step':<32} {'ms/step':>8} {'x limit':>8} {'padding':>8}")
 for k, (_, bs) in runs.items():
-    real = sum(int(b['attention_mask'].sum()) for b in bs)
+    real = sum(int((b['attention_mask'] > 0).sum()) for b in bs)
     pad = 100 - 100 * real / sum(b['input_ids'].numel() for b in bs)
     print(f'{k:<32} {ms[k]:8.2f} {ms[k] / limit:8.3f} {pad:7.1f}%')
+if not why_not:
+    print(f"LH-Mix graphs captured: {len(steps['graphed'].graphs)}" + memory())
 
 docs = documents(4096 if cuda else 64, rng)[0]
 ms = compare({'evaluation': (lambda _: lhmix.score_documents(model, docs), [None])})

@@ -1,0 +1,133 @@
+"""Tests of the research tools: the bench runs, summaries and their Welch p-values (worked by
+hand), prediction files scored, the label case study's ranks (computed here)."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+TOOLS = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(TOOLS))
+import data  # noqa: E402
+import evaluate  # noqa: E402
+import similar  # noqa: E402
+import summary  # noqa: E402
+import train  # noqa: E402
+from test_train import FAST, error_of, tree_state  # noqa: E402
+
+
+@pytest.fixture(scope='module')
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp('tools') / 'run'
+    train.main(FAST + ['--epochs', '2', '--out', str(out)])
+    return out
+
+
+def test_bench_runs_on_a_cpu_at_tiny_sizes():
+    p = subprocess.run([sys.executable, os.path.join(TOOLS, 'bench.py'), '--device', 'cpu',
+                        '--steps', '2', '--rounds', '1'], capture_output=True, text=True,
+                       timeout=300)
+    lines = p.stdout.splitlines()
+    assert p.returncode == 0 and lines[0].startswith('CPU, torch'), p.stderr[-2000:]
+    rows = [line.rsplit(None, 3) for line in lines[3:7]]
+    assert [r[0] for r in rows] == ['floor, eager', 'Prompt, eager', 'LH-Mix, eager',
+                                    'LH-Mix, eager, random batches']
+    assert float(rows[0][2]) == 1.0 and all(float(r[1]) > 0 for r in rows)
+    assert lines[7].startswith('evaluation: ')
+
+
+def test_summary_groups_by_setting_with_welch_p_values(tmp_path, capsys, monkeypatch):
+    stats = pytest.importorskip('scipy.stats')
+
+    def fake_run(name, micro, macro, **args):  # a finished run's test_metrics.json
+        (tmp_path / name).mkdir()
+        (tmp_path / name / evaluate.TEST_METRICS).write_text(json.dumps({
+            'micro_f1': micro, 'macro_f1': macro, 'per_depth': {'1': {'macro_f1': macro}},
+            'by_frequency': [{'macro_f1': macro / (q + 1)} for q in range(4)],
+            'args': {'data': 'demo', 'mix': 'lhmix', 'seed': 0, **args}}))
+        return str(tmp_path / name)
+
+    noise = [{}, {'data_dir': 'd'}]  # arguments that do not change the result
+    a = [fake_run(f'a{i}', v / 100, v / 200, seed=i, **noise[i % 2])
+         for i, v in enumerate(range(1, 5))]
+    b = [fake_run(f'b{i}', v / 100, v / 400, seed=i, mix='mixup', **noise[i % 2])
+         for i, v in enumerate([2, 4, 6, 8, 10])]
+    c = fake_run('c', 0.3, 0.2, mix='none')
+    rows = summary.summary(a + [a[0], str(tmp_path / '.' / 'a0'), c] + b)  # a0 counted once
+    out = capsys.readouterr().out.splitlines()
+    assert [(r['setting'], r['n']) for r in rows] == [('mix=lhmix', 4), ('mix=none', 1),
+                                                      ('mix=mixup', 5)]
+    assert (*rows[0]['mean'], *rows[0]['sd']) == pytest.approx(
+        (2.5, 1.25, math.sqrt(5 / 3), math.sqrt(5 / 12)))
+    assert rows[1]['sd'] is None and rows[1]['p'] is None and '±' not in out[2]
+    # Welch's t and df by hand: means 2.5 and 6; s^2/n: (5/3)/4 = 5/12 and 10/5 = 2
+    t = (6 - 2.5) / math.sqrt(29 / 12)
+    df = (29 / 12) ** 2 / ((5 / 12) ** 2 / 3 + 2 ** 2 / 4)  # = 2523 / 457
+    assert rows[2]['p'][0] == pytest.approx(2 * stats.t.sf(t, df), rel=1e-9)
+    assert out[3].split()[:4] == ['mix=mixup', '5', '6.00', '±']
+    assert out[-1].split() == ['mix=mixup', '1.50', '1.50', '0.75', '0.50', '0.38']
+    monkeypatch.setitem(sys.modules, 'scipy.stats', None)  # as if scipy were not installed
+    rows = summary.summary(a + b)
+    assert 'pip install scipy' in capsys.readouterr().out and rows[1]['p'] is None
+
+
+def test_summary_of_a_run_and_of_its_saved_predictions(run, tmp_path, capsys):
+    p = tmp_path / 'p.jsonl'
+    evaluate.main(['--ckpt', str(run / 'best'), '--data', 'demo', '--save-predictions', str(p)])
+    test = json.loads((run / evaluate.TEST_METRICS).read_text())
+    capsys.readouterr()
+    summary.main(['--predictions', str(p), '--data', 'demo'])
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == (f"test: micro-F1 {100 * test['micro_f1']:.2f}  "
+                     f"macro-F1 {100 * test['macro_f1']:.2f}")
+    rows = summary.summary([str(run), str(run) + '/', str(run / 'best' / '..')])  # one run
+    assert [(r['setting'], r['n']) for r in rows] == [('all runs', 1)]
+    assert rows[0]['mean'] == pytest.approx([100 * test['micro_f1'], 100 * test['macro_f1']])
+    assert '/test_metrics.json: not a finished train.py run' in error_of(
+        lambda: summary.main([str(run / 'best')]))
+
+
+@pytest.mark.parametrize('bad_line, message', [
+    *[(line, ':2: `labels` must be a list of label names (strings)') for line in
+      (b'{"labels": "Sci"}', b'{"labels": [1]}', b'{"labels": null}', b'{"labels": [["a"]]}')],
+    *[(line, ':2: expected {"labels": [...]}') for line in (b'[1, 2]', b'{"label": []}')],
+    (b'{"labels": ["no such label"]}', ":2: label 'no such label' is not in the hierarchy"),
+    (b'{"labels": ["\xff"]}', ': not UTF-8 text (invalid start byte)'),
+    (b'', ': 299 predictions for 300 documents'),
+])
+def test_bad_prediction_lines(tmp_path, bad_line, message):
+    path = tmp_path / 'p.jsonl'
+    path.write_bytes(b'{"labels": []}\n' + bad_line + b'\n{"labels": []}\n' * 298)
+    msg = error_of(lambda: summary.main(['--predictions', str(path), '--data', 'demo']))
+    assert msg == f'error: {path}{message}'
+
+
+def test_label_case_study_on_a_demo_run(run, capsys):
+    """Fig. 6: ranks by cosine at initialisation (kept in the checkpoint) and after training."""
+    model, _, meta = data.load_checkpoint(str(run / 'best'))
+    h, v, top = model.hierarchy, model.hierarchy.names.index('optics'), 3
+
+    def ranks(emb):  # by hand: sort by cosine to v (ties by id), 1 = nearest
+        e = emb.double().numpy()
+        cos = e @ e[v] / (np.linalg.norm(e, axis=1) * np.linalg.norm(e[v]))
+        order = sorted((u for u in range(len(h)) if u != v), key=lambda u: (-cos[u], u))
+        return {u: i for i, u in enumerate(order, 1)}, cos
+    init, _ = ranks(meta['extra']['labels_at_init'])
+    trained, cos = ranks(model.label_embeddings().detach())
+    assert init != trained  # training moved the labels
+    similar.main(['--ckpt', str(run / 'best'), '--label', 'optics', '--top', str(top)])
+    out = capsys.readouterr().out.splitlines()
+    want = [[str(trained[u]), str(init[u]), 'new' if init[u] > top else
+             f'{init[u] - trained[u]:+d}', f'{cos[u]:.3f}', h.labels[u]]
+            for u in sorted(trained, key=trained.get) if min(trained[u], init[u]) <= top]
+    assert [x.split()[:5] for x in out[2:-1]] == want
+    kept = sum(max(trained[u], init[u]) <= top for u in trained)
+    assert out[-1] == f'{kept} of the top 3 after training were in the top 3 at initialisation'
+    before = tree_state(run)
+    for label, message in [('Hockey', "label 'Hockey' is not in the checkpoint's hierarchy")]:
+        assert error_of(lambda: similar.main(['--ckpt', str(run / 'best'), '--label', label])
+                        ) == f'error: {message}'
+    assert tree_state(run) == before
