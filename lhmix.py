@@ -14,8 +14,7 @@ try:
 except ImportError:
     triton = None
 
-# a (rows, T, T) attention mask: transformers 5 takes it as (rows, 1, T, T), 4.x as it is
-MASK_4D = int(transformers.__version__.split('.')[0]) >= 5
+TRANSFORMERS_5 = int(transformers.__version__.split('.')[0]) >= 5
 
 
 # -----------------------------------------------------------------------------
@@ -111,7 +110,8 @@ class LHMix(nn.Module):
         each token's document in attention_mask: a token attends to its own."""
         if position_ids is not None:
             attention_mask = attention_mask[:, :, None] == attention_mask[:, None, :]
-            attention_mask = attention_mask[:, None] if MASK_4D else attention_mask
+            if TRANSFORMERS_5:  # it takes (rows, 1, T, T) masks as they are; 4.x (rows, T, T)
+                attention_mask = attention_mask[:, None]
         return self.mlm.base_model(  # token types given: 4.x cuts them from a 512-long buffer
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
             token_type_ids=torch.zeros_like(input_ids)).last_hidden_state
@@ -352,7 +352,7 @@ def train_batches(lengths, batch_size, rng, mixing):
 
 
 def pad_multiple(device):
-    return 32 if device.type == 'cuda' else 8
+    return 16 if device.type == 'cuda' else 8
 
 
 def autocast(device):

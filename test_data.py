@@ -615,5 +615,5 @@ def test_a_pretrained_model_must_bring_its_encoder(saved, tmp_path, capsys):
     msg = error(lambda: data.load_pretrained(str(saved)))  # an LH-Mix checkpoint
     assert msg == (f"model '{saved}': 37 encoder weights missing (bert.embeddings.LayerNorm.bias, "
                    '...): not a pretrained masked LM (to continue a run: train.py --resume; to '
-                   'score a checkpoint: evaluate.py --ckpt)') if lhmix.MASK_4D else msg.startswith(
+                   'score a checkpoint: evaluate.py --ckpt)') if lhmix.TRANSFORMERS_5 else msg.startswith(
         f"could not load model '{saved}': ValueError: Incompatible safetensors file")  # 4.x

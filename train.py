@@ -42,46 +42,48 @@ def within(cast, lo, hi=math.inf):
 
 
 def parse(argv=None):
-    """(the arguments, those given on the command line). Each default names its source."""
+    """(the arguments, those given on the command line); -h shows each default and its source."""
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add_argument
-    add('--data', required=True, help='wos, nyt, rcv1, demo (synthetic; with the settings '
-        f'{DEMO}) or a folder in HiAGM/HPT format')
+    add('--data', required=True, help='wos, nyt, rcv1, a folder, or demo: synthetic, with '
+        + ', '.join(f"--{k.replace('_', '-')} {v}" for k, v in DEMO.items()))
     add('--data-dir', help='the folder of wos, nyt or rcv1 (default: data/NAME)')
-    add('--model', default='bert-base-uncased', help='a BERT-style masked LM: hub id or folder; '
-        'tiny: a 2-layer BERT built from the data (default: the paper\'s, Sec. 5.2)')
-    add('--arch', default='prompt', choices=['prompt', 'bert'], help="prompt: the paper's "
-        "hierarchical prompt; bert: Table 3's flat BERT, HGCLR's (linear on [CLS], BCE loss)")
+    add('--model', default='bert-base-uncased', help='a BERT-style masked LM, hub id or folder; '
+        "tiny: a 2-layer BERT built from the data (default: the paper's %(default)s, Sec. 5.2)")
+    add('--arch', default='prompt', choices=['prompt', 'bert'], help="the paper's hierarchical "
+        "prompt, or Table 3's flat BERT (HGCLR's: linear on [CLS], BCE) (default: %(default)s)")
     add('--mix', default='lhmix', choices=['lhmix', 'mixup', 'none'],
-        help='LH-Mix, vanilla Mixup or no Mixup (Table 3)')
-    add('--lr', type=within(float, 0), default=3e-5, help="Adam's learning rate (the paper: 3e-5)")
+        help='Table 3 (default: %(default)s)')
+    add('--lr', type=within(float, 0), default=3e-5,
+        help="Adam's learning rate (default: the paper's %(default)s)")
     add('--warmup-epochs', type=within(int, -1), default=5,
-        help='epochs without Mixup first (the paper: 5)')
-    add('--early-stop', type=within(int, 0), default=5,
-        help='stop after this many epochs without a better dev macro-F1 (the paper: 5)')
+        help="first, without Mixup (default: the paper's %(default)s)")
+    add('--early-stop', type=within(int, 0), default=5, help='after so many epochs without a '
+        "better dev macro-F1 (default: the paper's %(default)s)")
     add('--epochs', type=within(int, 0), default=100,
-        help='at most (this implementation\'s cap: early stopping ends runs before it)')
+        help='at most (default: %(default)s, ours; early stopping ends runs before it)')
     add('--alpha', type=within(float, 0), default=1.0,
-        help="Eq. 4's alpha (the authors' README command for RCV1: 1)")
-    add('--beta', type=within(float, 0.5, 1), default=0.75,
-        help="Eq. 4's beta (the authors' README command for RCV1: 0.75)")
+        help="Eq. 4 (default: %(default)s, the authors' README command for RCV1)")
+    add('--beta', type=within(float, 0.5, 1), default=0.75, help='Eq. 4 (default: %(default)s, '
+        'as --alpha)')
     add('--mix-alpha', type=within(float, 0), default=1.0,
-        help="vanilla Mixup's Beta(a, a) (Zhang et al.'s code: 1)")
-    add('--batch', type=within(int, 0), default=16, help="documents a step (HPT's: 16)")
-    add('--max-length', type=within(int, 0), default=512, help="tokens an input (HPT's: 512)")
-    add('--no-mlm', action='store_true',
-        help="without HPT's auxiliary MLM loss (the authors' code has it)")
+        help="vanilla Mixup's Beta(a, a) (default: %(default)s, Zhang et al.'s code)")
+    add('--batch', type=within(int, 0), default=16,
+        help="documents a step (default: HPT's %(default)s)")
+    add('--max-length', type=within(int, 0), default=512,
+        help="tokens an input (default: HPT's %(default)s)")
+    add('--no-mlm', action='store_true', help="without HPT's MLM loss (the authors' code has it)")
     add('--train-fraction', type=within(float, 0, 1), default=1.0,
-        help='train on this random part of the training set (Fig. 4)')
-    add('--seed', type=within(int, -1, 2**32 - 1), default=0, help='the random seed')
+        help='train on this random part of the training split (Fig. 4; default: %(default)s)')
+    add('--seed', type=within(int, -1, 2**32 - 1), default=0, help='(default: %(default)s)')
     add('--out', help='the run folder (default: out/DATA-ARCH-MIX-sSEED)')
     add('--device', type=evaluate.device, default='cuda' if torch.cuda.is_available() else 'cpu',
         help='cpu, cuda or cuda:N (default: cuda if there is one)')
     add('--resume', action='store_true',
-        help="continue the run in --out with its own settings (a given --epochs extends it)")
+        help='continue the run in --out with its settings (a given --epochs extends it)')
     add('--overwrite', action='store_true',
-        help='replace the run in --out, once this one has an epoch')
+        help='replace the run in --out once this one has an epoch')
     add('--no-cuda-graphs', action='store_true', help='run the GPU steps eagerly')
     args = p.parse_args(argv)
     if args.data == 'demo':
@@ -208,13 +210,12 @@ def save(out, first, args, model, tokenizer, info, history, extra):
 
 def cuda_graphs_unavailable(device):
     """Why CUDA graphs cannot run the steps on `device`, or None when they can."""
-    import transformers
     if device.type != 'cuda':
         return 'not a CUDA device'
     if not torch.cuda.is_bf16_supported():
         return 'no bf16 on this GPU (fp16 needs a loss scaler that syncs)'
-    if int(transformers.__version__.split('.')[0]) < 5:  # 4.x checks the mask on the host
-        return f'transformers {transformers.__version__} syncs inside the encoder (5.x does not)'
+    if not lhmix.TRANSFORMERS_5:  # 4.x checks the attention mask on the host
+        return 'transformers 4 syncs inside the encoder (5 does not)'
     return None
 
 
