@@ -414,7 +414,7 @@ def load_pretrained(name):
         raise ValueError(f'could not load model {name!r}{hint}: {one_line(e)}') from None
     finally:
         logging.set_verbosity(verbosity)
-    missing = sorted(k for k in info['missing_keys'] if k.startswith(mlm.base_model_prefix + '.'))
+    missing = sorted(k for k in info['missing_keys'] if not k.startswith('cls.'))  # the encoder's
     if missing:
         raise ValueError(f'model {name!r}: {len(missing)} encoder weights missing ({missing[0]}, '
                          '...): not a pretrained masked LM (to continue a run: train.py --resume; '
@@ -482,7 +482,7 @@ def save_checkpoint(folder, model, tokenizer, info, extra=None):
     tensors = {**{k: v for k, v in model.state_dict().items() if k not in aliases},
                **{f'extra.{k}': v for k, v in (extra or {}).items()}}
     blob = save({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
-                {'lhmix': json.dumps(meta)})
+                {'lhmix': json.dumps(meta), 'format': 'pt'})  # 'pt': as transformers writes
     write_atomically(os.path.join(folder, WEIGHTS), blob)
     if not os.path.exists(os.path.join(folder, 'config.json')):
         with tempfile.TemporaryDirectory() as tmp:  # transformers 4 writes more than is needed
@@ -528,8 +528,8 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
         meta['extra'] = {k[6:]: tensors.pop(k).to(device) for k in list(tensors)
                          if k.startswith('extra.')}
         h = meta['hierarchy']
-        mlm = AutoModelForMaskedLM.from_config(AutoConfig.from_pretrained(
-            folder, trust_remote_code=False), trust_remote_code=False)
+        mlm = AutoModelForMaskedLM.from_config(AutoConfig.from_pretrained(  # SDPA: as trained
+            folder, trust_remote_code=False), trust_remote_code=False, attn_implementation='sdpa')
         model = LHMix(mlm, Hierarchy(dict(zip(h['labels'], h['parents'])),
                                      dict(zip(h['labels'], h['names']))),
                       meta['arch'], meta['base_vocab'], meta['special'], meta['max_length'])

@@ -5,6 +5,7 @@ import io
 import json
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -527,8 +528,7 @@ def test_checkpoint_round_trip_without_pickle_in_the_umask_modes(tmp_path, monke
     assert dec.weight is emb.weight  # still tied: training one trains the other
     assert 'mlm.cls.predictions.decoder.weight' not in load_file(folder / data.WEIGHTS)  # once
     after = lhmix.score_documents(loaded, tokens)
-    # equal up to the attention kernel transformers 4.x picks for a model built from a config
-    assert np.allclose(before, after, rtol=0, atol=1e-5) and ((before > 0) == (after > 0)).all()
+    np.testing.assert_array_equal(before, after)
     assert (before > 0).any() and not (before > 0).all()
 
 
@@ -613,7 +613,7 @@ def test_a_pretrained_model_must_bring_its_encoder(saved, tmp_path, capsys):
         f"warning: model '{tmp_path / 'encoder'}' has no MLM-head weights: the head starts "
         'random\n')
     msg = error(lambda: data.load_pretrained(str(saved)))  # an LH-Mix checkpoint
-    assert msg == (f"model '{saved}': 37 encoder weights missing (bert.embeddings.LayerNorm.bias, "
-                   '...): not a pretrained masked LM (to continue a run: train.py --resume; to '
-                   'score a checkpoint: evaluate.py --ckpt)') if lhmix.TRANSFORMERS_5 else msg.startswith(
-        f"could not load model '{saved}': ValueError: Incompatible safetensors file")  # 4.x
+    tail = ('embeddings.LayerNorm.bias, ...): not a pretrained masked LM (to continue a run: '
+            'train.py --resume; to score a checkpoint: evaluate.py --ckpt)')
+    assert re.fullmatch(re.escape(f"model '{saved}': 37 encoder weights missing (") + r'(bert\.)?'
+                        + re.escape(tail), msg), msg  # transformers 4 names them without bert.

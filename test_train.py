@@ -6,6 +6,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -511,3 +512,20 @@ def test_cuda_graph_steps_match_eager_on_gpu_bf16(mix):
     eager, _ = _run_steps(model, docs, labels, table, rows, device, mix, graphs=False)
     assert 2 <= len(step.graphs) <= 6  # captured once per batch shape, then replayed
     assert graphed == pytest.approx(eager, rel=2e-2, abs=2e-2)  # bf16 autocast
+
+
+# -----------------------------------------------------------------------------
+# The README's Python examples run as written
+
+def test_readme_examples_run_as_written(demo_run, tmp_path, monkeypatch, capsys):
+    blocks = re.findall(r'```python\n(.*?)```', (HERE / 'README.md').read_text('utf-8'), re.S)
+    (tmp_path / 'out' / 'demo-prompt-lhmix-s0').mkdir(parents=True)
+    (tmp_path / 'out' / 'demo-prompt-lhmix-s0' / 'best').symlink_to(demo_run[0] / 'best')
+    monkeypatch.chdir(tmp_path)  # the quick start's demo run, as out/ beside the examples
+    torch.manual_seed(0)
+    for block in blocks:
+        exec(block, {})
+    paths, pred = capsys.readouterr().out.strip().split('\n', 1)
+    h, _ = data.load_demo()
+    assert all(name in h.names for p in eval(paths) for name in p)  # label paths, names by depth
+    assert len(blocks) == 2 and len(re.findall(r'True|False', pred)) == 2 * 4  # (N, V) bool

@@ -261,8 +261,8 @@ def make_step(model, lr, graphs, table=None, alpha=None, beta=None, adam=None):
         state.setdefault(int(i), {})[name] = v
     opt.load_state_dict({'state': state, 'param_groups': opt.state_dict()['param_groups']})
     # fp16 (GPUs without bf16; no graphs) needs loss scaling; the scale restarts at --resume
-    scaler = torch.amp.GradScaler(enabled=device.type == 'cuda' and not graphs
-                                  and not torch.cuda.is_bf16_supported())
+    fp16 = device.type == 'cuda' and not torch.cuda.is_bf16_supported()
+    scaler = torch.amp.GradScaler(enabled=fp16)
 
     def forward_backward(rows=None, lam=None, **batch):
         if rows is not None:
@@ -398,7 +398,7 @@ def fit(args, out, model, tokenizer, tokens, gold, info, history, extra):
         extra['table'], extra['rows'] = lhmix.local_hierarchy_table(model, tokenizer, gold['train'])
         print(f"{len(extra['table'])} distinct local hierarchies encoded")
     table, rows = extra.get('table'), extra.get('rows')  # the table on the device, rows on the host
-    step, opt = make_step(model, args.lr, graphs, table if table is None else table.to(device),
+    step, opt = make_step(model, args.lr, graphs, None if table is None else table.to(device),
                           args.alpha, args.beta, {k: v for k, v in extra.items() if 'adam.' in k})
     first, steps = not args.resume, -(-len(tokens['train']) // args.batch)
     try:
