@@ -460,8 +460,9 @@ def train(args, given):
                                                                                    out)
     if ((len(history) >= args.epochs or since_best(history) >= args.early_stop)
             and os.path.exists(os.path.join(out, evaluate.TEST_METRICS))):
-        return print(f'--resume: {args.out} is finished ({len(history)} epochs); nothing to do',
-                     file=sys.stderr)
+        print(f'--resume: {args.out} is finished ({len(history)} epochs); nothing to do',
+              file=sys.stderr)
+        return
     if args.mix != 'none' and args.epochs <= args.warmup_epochs:
         print(f'warning: --epochs {args.epochs} <= --warmup-epochs {args.warmup_epochs}: Mixup '
               'never starts', file=sys.stderr)
