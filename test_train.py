@@ -410,11 +410,12 @@ WRAPPER = """import os, signal, sys
 sys.path.insert(0, {here!r})
 calls, replace, rename = [0], os.replace, os.rename
 def kill_at(real):
-    def call(*a, **k):  # SIGKILL instead of the Nth rename: the files as they are at that instant
-        calls[0] += 1
+    def call(src, dst, **k):  # SIGKILL instead of the Nth rename into the run's folder (others,
+        # such as a GPU library's cache, do not count): the files as they are at that instant
+        calls[0] += str(dst).startswith(os.environ['WATCH'])
         if calls[0] == int(os.environ['KILL_AT']):
             os.kill(os.getpid(), signal.SIGKILL)
-        return real(*a, **k)
+        return real(src, dst, **k)
     return call
 os.replace, os.rename = kill_at(replace), kill_at(rename)
 import train
@@ -435,7 +436,8 @@ def test_a_kill_at_any_rename_leaves_loadable_checkpoints_and_the_next_run_clean
         argv = ['--data', 'demo', '--device', 'cpu', '--out', str(out), '--resume'] if how == \
             'resume' else FAST + ['--epochs', '2', '--out', str(out), '--overwrite']
         procs.append(subprocess.Popen([sys.executable, '-c', WRAPPER.format(here=str(HERE)), *argv],
-                                      env={**env, 'KILL_AT': str(n)}, stdout=subprocess.DEVNULL,
+                                      env={**env, 'KILL_AT': str(n), 'WATCH': str(out.parent)},
+                                      stdout=subprocess.DEVNULL,
                                       stderr=subprocess.PIPE, cwd=tmp_path))
         if len(procs) % 2 == 0:  # two at a time
             [p.wait(timeout=300) for p in procs[-2:]]
