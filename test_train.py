@@ -436,7 +436,8 @@ def test_a_kill_at_any_rename_leaves_loadable_checkpoints_and_the_next_run_clean
         argv = ['--data', 'demo', '--device', 'cpu', '--out', str(out), '--resume'] if how == \
             'resume' else FAST + ['--epochs', '2', '--out', str(out), '--overwrite']
         procs.append(subprocess.Popen([sys.executable, '-c', WRAPPER.format(here=str(HERE)), *argv],
-                                      env={**env, 'KILL_AT': str(n), 'WATCH': str(out.parent)},
+                                      env={**env, 'KILL_AT': str(n),
+                                           'WATCH': os.path.realpath(out.parent)},
                                       stdout=subprocess.DEVNULL,
                                       stderr=subprocess.PIPE, cwd=tmp_path))
         if len(procs) % 2 == 0:  # two at a time
