@@ -429,7 +429,8 @@ def test_a_kill_at_any_rename_leaves_loadable_checkpoints_and_the_next_run_clean
     but the test figures); --overwrite killed at its 3rd and 11th (inside the new run's first
     epoch; the old run set aside, the new one not yet in place). Then --resume, or a new run, and
     the leftovers of the killed saves are gone."""
-    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'HF_HUB_OFFLINE': '1'}
+    # as many threads as this process: the uninterrupted run it is compared with, bit for bit
+    env = {**os.environ, 'OMP_NUM_THREADS': str(torch.get_num_threads()), 'HF_HUB_OFFLINE': '1'}
     cases, procs = [('resume', 2), ('resume', 4), ('overwrite', 3), ('overwrite', 11)], []
     for how, n in cases:
         out = shutil.copytree(base_run[0], tmp_path / f'{how}{n}' / 'run')
