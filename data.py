@@ -275,9 +275,9 @@ def label_names(folder, parents):
             names[code[m[1].lower()]] = m[2].lower()
     for n, line in read_lines(tsv) if os.path.exists(tsv) else []:
         label, _, name = line.partition('\t')
-        if line.strip() and not name.strip():
-            raise ValueError(f'{tsv}:{n}: expected code<TAB>name')
         if line.strip():
+            if not name.strip():
+                raise ValueError(f'{tsv}:{n}: expected code<TAB>name')
             names[label.strip()] = name.strip()
     return names
 

@@ -88,19 +88,28 @@ def device(name):
     return d
 
 
+def unwritable(folder):
+    """Why `folder` (made with its parents where missing) cannot be written in, or None."""
+    up = folder
+    while not os.path.exists(up):
+        up = os.path.dirname(up)
+    if not os.path.isdir(up):
+        return f'{up} is a file, not a folder'
+    return None if os.access(up, os.W_OK | os.X_OK) else f'{up} is not writable'
+
+
 def check_output(path, flag, ckpt, start):
     """Refuses, before anything is computed, to write `path` into the checkpoint being read, over
     a run's own figures, where no folder can be made, or over a file that is not an earlier
     output of `flag` (one beginning with `start`)."""
-    folder, up = os.path.realpath(ckpt), os.path.dirname(os.path.abspath(path))
+    folder = os.path.realpath(ckpt)
     if os.path.commonpath([os.path.realpath(path), folder]) == folder:
         raise ValueError(f'{flag} {path}: is inside the checkpoint folder {ckpt} being read')
     if os.path.basename(path) in (METRICS, TEST_METRICS):
         raise ValueError(f"{flag} {path}: is a train.py run's own file")
-    while not os.path.exists(up):
-        up = os.path.dirname(up)
-    if not os.path.isdir(up) or not os.access(up, os.W_OK | os.X_OK):
-        raise ValueError(f'{flag} {path}: {up} is not a folder that can be written in')
+    why = unwritable(os.path.dirname(os.path.abspath(path)))
+    if why:
+        raise ValueError(f'{flag} {path}: {why}')
     if os.path.lexists(path):
         with open(path, 'rb') as f:  # a folder: the OS says so
             if f.read(len(start)) != start.encode():

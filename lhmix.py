@@ -108,13 +108,13 @@ class LHMix(nn.Module):
     def encode(self, input_ids, attention_mask, position_ids=None):
         """Last hidden states. Rows packing documents (position_ids given, from 0 in each) number
         each token's document in attention_mask: a token attends to its own."""
+        types = None  # packed rows pass token types: 4.x cuts them from a 512-long buffer
         if position_ids is not None:
             attention_mask = attention_mask[:, :, None] == attention_mask[:, None, :]
             if TRANSFORMERS_5:  # it takes (rows, 1, T, T) masks as they are; 4.x (rows, T, T)
                 attention_mask = attention_mask[:, None]
-        return self.mlm.base_model(  # token types given: 4.x cuts them from a 512-long buffer
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            token_type_ids=torch.zeros_like(input_ids)).last_hidden_state
+            types = torch.zeros_like(input_ids)
+        return self.mlm.base_model(input_ids, attention_mask, types, position_ids).last_hidden_state
 
     def slots(self, hidden, starts):
         """(B, rows, H): each depth's [P] (or bert's [CLS]) of the documents at `starts`."""

@@ -69,7 +69,7 @@ def test_evaluate_reproduces_test_metrics_and_rescores_its_predictions(run, tmp_
         ('--save-predictions', '{t}/notes.txt', 'exists and is not an earlier --save-predictions'),
         ('--save-predictions', '{t}/e.json', 'exists and is not an earlier --save-predictions'),
         ('--out', '{r}/test_metrics.json', "is a train.py run's own file"),
-        ('--out', '{r}/metrics.jsonl/e.json', '{r}/metrics.jsonl is not a folder that can be')]],
+        ('--out', '{r}/metrics.jsonl/e.json', '{r}/metrics.jsonl is a file, not a folder')]],
     (['--ckpt', '{c}', '--data', 'demo', '--out', '{t}'], '{t}: Is a directory'),
     (['--ckpt', '{r}', '--data', 'demo'], '{r}: a run, not a checkpoint: pass {r}/best'),
     (['--ckpt', '{c}', '--texts', '{t}'], '{t}: Is a directory'),

@@ -270,7 +270,7 @@ def test_unwritable_outputs_refused_before_computing(base_run, tmp_path):
              f'error: --out {tmp_path}/ro/run: {tmp_path}/ro is not writable'),
             ([HERE / 'evaluate.py', '--ckpt', base_run[1] / 'best', '--data', 'demo', '--out',
               tmp_path / 'ro' / 'e.json'], f'error: --out {tmp_path}/ro/e.json: {tmp_path}/ro '
-             'is not a folder that can be written in')]:
+             'is not writable')]:
         p = subprocess.run(drop + [sys.executable, *map(str, argv)], capture_output=True,
                            text=True, env={**os.environ, 'HF_HUB_OFFLINE': '1'})
         assert p.returncode == 1 and p.stderr.splitlines()[-1] == message, p.stderr[-2000:]

@@ -124,13 +124,13 @@ def foreign(folder):
     return None
 
 
-def remove(folder, names=RUN + TMP):
-    """Deletes `names` in `folder`, then the folders they emptied: the OS refuses to delete a
-    folder that still holds another file."""
-    for name in names:
+def remove(folder):
+    """Deletes a run folder train.py wrote (if there): RUN and TMP by name, then the folders, which
+    the OS refuses to delete while they hold another file."""
+    for name in RUN + TMP:
         if os.path.lexists(os.path.join(folder, name)):
             os.remove(os.path.join(folder, name))
-    for sub in ('best', 'last', '') if names == RUN + TMP and os.path.isdir(folder) else ():
+    for sub in ('best', 'last', ''):
         if os.path.isdir(os.path.join(folder, sub)):
             os.rmdir(os.path.join(folder, sub))
 
@@ -142,14 +142,11 @@ def beside(out, what):  # .OUT.new: a new run's first epoch; .OUT.old: the run i
 def check_out(args):
     """--out's problems, refused before anything is computed; then what killed saves left is
     deleted. Returns the folder's real path (where a link points)."""
-    out = up = os.path.realpath(args.out)
+    out = os.path.realpath(args.out)
     if os.path.islink(args.out) and not os.path.exists(args.out):
         raise ValueError(f'--out {args.out}: a symbolic link to nothing ({out})')
-    while not os.path.exists(up):
-        up = os.path.dirname(up)
-    if not os.path.isdir(up) or not os.access(up, os.W_OK | os.X_OK):
-        raise ValueError(f'--out {args.out}: {up} is ' + ('not writable' if os.path.isdir(up)
-                                                          else 'a file, not a folder'))
+    if evaluate.unwritable(out):
+        raise ValueError(f'--out {args.out}: {evaluate.unwritable(out)}')
     run = is_run(out)  # at --resume, a damaged last/ is load_checkpoint's to describe
     if args.resume and not (run or os.path.isdir(os.path.join(out, 'last'))):
         raise ValueError(f'--resume: {args.out} holds no run to continue; start one without it')
@@ -159,13 +156,15 @@ def check_out(args):
     if run and not (args.resume or args.overwrite):
         raise ValueError(f'--out {args.out}: holds an earlier run; continue it with --resume, '
                          'replace it with --overwrite, or choose another --out')
-    if run and args.overwrite and foreign(out):
-        raise ValueError(f'--overwrite: {foreign(out)} is not a file train.py writes; nothing '
-                         'is deleted while it is there')
+    other = run and args.overwrite and foreign(out)
+    if other:
+        raise ValueError(f'--overwrite: {other} is not a file train.py writes; nothing is deleted '
+                         'while it is there')
     for folder in (beside(out, 'new'), beside(out, 'old')):
         remove(folder)
-    if run:
-        remove(out, TMP)
+    for name in TMP if run else ():  # what killed saves left in the run
+        if os.path.lexists(os.path.join(out, name)):
+            os.remove(os.path.join(out, name))
     return out
 
 
@@ -390,16 +389,17 @@ def fit(args, out, model, tokenizer, tokens, gold, info, history, extra):
     """Epochs until --epochs or early stopping, each saved; metrics.jsonl's line printed."""
     device = args.device
     model.to(device)
-    graphs = device.type == 'cuda' and not args.no_cuda_graphs
-    if graphs and cuda_graphs_unavailable(device):
-        print(f'CUDA graphs off: {cuda_graphs_unavailable(device)}', file=sys.stderr)
-        graphs = False
+    why_not = not args.no_cuda_graphs and device.type == 'cuda' and cuda_graphs_unavailable(device)
+    if why_not:
+        print(f'CUDA graphs off: {why_not}', file=sys.stderr)
+    graphs = device.type == 'cuda' and not args.no_cuda_graphs and not why_not
     if args.mix == 'lhmix' and 'table' not in extra:  # the initial encoder, frozen (Sec. 4.1)
         extra['table'], extra['rows'] = lhmix.local_hierarchy_table(model, tokenizer, gold['train'])
         print(f"{len(extra['table'])} distinct local hierarchies encoded")
     table, rows = extra.get('table'), extra.get('rows')  # the table on the device, rows on the host
-    step, opt = make_step(model, args.lr, graphs, None if table is None else table.to(device),
-                          args.alpha, args.beta, {k: v for k, v in extra.items() if 'adam.' in k})
+    table, rows = (None, None) if table is None else (table.to(device), rows.cpu())
+    step, opt = make_step(model, args.lr, graphs, table, args.alpha, args.beta,
+                          {k: v for k, v in extra.items() if k.startswith('adam.')})
     first, steps = not args.resume, -(-len(tokens['train']) // args.batch)
     try:
         with tqdm(total=steps * max(args.epochs - len(history), 0), disable=None) as bar:
@@ -409,8 +409,8 @@ def fit(args, out, model, tokenizer, tokens, gold, info, history, extra):
                                'epochs')
                     break
                 t0 = time.time()
-                loss, lam = train_epoch(model, step, tokens['train'], gold['train'],
-                                        None if rows is None else rows.cpu(), args, epoch, bar)
+                loss, lam = train_epoch(model, step, tokens['train'], gold['train'], rows, args,
+                                        epoch, bar)
                 seconds = time.time() - t0
                 history.append(epoch_line(model, tokens, gold, epoch, loss, lam, seconds))
                 if not all(torch.isfinite(p).all() for p in model.parameters()):
