@@ -15,6 +15,9 @@ except ImportError:
     triton = None
 
 TRANSFORMERS_5 = int(transformers.__version__.split('.')[0]) >= 5
+if TRANSFORMERS_5:  # packed rows' attention (document_attention)
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
 
 # -----------------------------------------------------------------------------
@@ -81,6 +84,8 @@ class LHMix(nn.Module):
                 mlm.resize_token_embeddings(self.slot_id + 1)
         if not hasattr(mlm, 'cls'):
             raise ValueError(f'{type(mlm).__name__}: not a BERT-style masked LM (cls.predictions)')
+        if TRANSFORMERS_5:  # SDPA, and on packed rows SDPA per document
+            mlm.set_attn_implementation('lhmix')
         self.transform = mlm.cls.predictions.transform  # dense -> act -> LayerNorm
         if arch == 'prompt':
             self.label_bias = nn.Parameter(torch.zeros(V))
@@ -105,16 +110,14 @@ class LHMix(nn.Module):
     def text_budget(self, max_length):  # text word-pieces beside prefix and closing [SEP]
         return max_length - len(self.prefix) - 1
 
-    def encode(self, input_ids, attention_mask, position_ids=None):
-        """Last hidden states. Rows packing documents (position_ids given, from 0 in each) number
-        each token's document in attention_mask: a token attends to its own."""
-        types = None  # packed rows pass token types: 4.x cuts them from a 512-long buffer
-        if position_ids is not None:
-            attention_mask = attention_mask[:, :, None] == attention_mask[:, None, :]
-            if TRANSFORMERS_5:  # it takes (rows, 1, T, T) masks as they are; 4.x (rows, T, T)
-                attention_mask = attention_mask[:, None]
-            types = torch.zeros_like(input_ids)
-        return self.mlm.base_model(input_ids, attention_mask, types, position_ids).last_hidden_state
+    def encode(self, input_ids, attention_mask=None, position_ids=None, offsets=None):
+        """Last hidden states. A packed row (`offsets`, `position_ids`: layout's) holds documents
+        that each attend to themselves only (document_attention)."""
+        if offsets is None:
+            return self.mlm.base_model(input_ids, attention_mask).last_hidden_state
+        return self.mlm.base_model(  # token types given: the default is cut from 512 positions
+            input_ids, token_type_ids=torch.zeros_like(input_ids), position_ids=position_ids,
+            cu_seq_lens_q=offsets, max_length_q=max(self.max_length, PACKED)).last_hidden_state
 
     def slots(self, hidden, starts):
         """(B, rows, H): each depth's [P] (or bert's [CLS]) of the documents at `starts`."""
@@ -142,9 +145,9 @@ class LHMix(nn.Module):
         return training_loss(self, **batch)
 
     @torch.no_grad()
-    def label_scores(self, input_ids, attention_mask, starts, position_ids=None):
+    def label_scores(self, input_ids, attention_mask, starts):
         """(B, V) scores; Sec. 3: a label is predicted when its score is > 0 (sigmoid > 0.5)."""
-        hidden = self.encode(input_ids, attention_mask, position_ids)
+        hidden = self.encode(input_ids, attention_mask)
         scores = self.score(self.slots(hidden, starts))
         return scores.masked_fill(~self.valid, -math.inf).amax(1).float()  # each in its depth's row
 
@@ -242,11 +245,11 @@ def mix_hidden(h_i, h_j, lam):
     return torch.lerp(h_j.float(), h_i.float(), lam).to(h_i.dtype)  # Eq. 5, in fp32
 
 
-def training_loss(model, input_ids, attention_mask, starts, targets, position_ids=None,
-                  partner=None, lam=None, mlm_pos=None, mlm_labels=None):
+def training_loss(model, input_ids, starts, targets, attention_mask=None, position_ids=None,
+                  offsets=None, partner=None, lam=None, mlm_pos=None, mlm_labels=None):
     """The loss summed over rows (one per depth; the authors' code makes one per document), mixed
     with `partner` by `lam`, averaged over documents, plus HPT's MLM term if any is masked."""
-    hidden = model.encode(input_ids, attention_mask, position_ids)
+    hidden = model.encode(input_ids, attention_mask, position_ids, offsets)
     h = model.slots(hidden, starts)
     if partner is not None:
         h = mix_hidden(h, h[partner], lam)                           # Eq. 5
@@ -272,28 +275,54 @@ def tokenize(tokenizer, texts, max_text_len):
             sum(len(t) > max_text_len for t in ids))
 
 
+PACKED = 128  # a packed row's length is a multiple of it: few shapes, 1.4% padding on WOS
+
+
 def layout(seqs, pad_id, multiple, pack=False):
     """Id lists as rows padded to one length, a multiple of `multiple` (few distinct shapes on
     GPU): input_ids, attention_mask, starts (each list's first position in the flattened rows).
-    With `pack`, two lists a row, the i-th shortest beside the i-th longest (a random batch then
-    pads little), numbered 1, 2 in attention_mask, with position_ids from 0 in each."""
-    n = len(seqs)
-    rows = [[b] for b in range(n)]
+    With `pack`, all in one row, a multiple of PACKED long (a random batch then pads little),
+    position_ids from 0 in each, offsets: each list's start, the padding's (a document of its
+    own), the row's end."""
+    lengths = np.array([len(s) for s in seqs])
     if pack:
-        o = np.argsort([len(s) for s in seqs], kind='stable')
-        rows = [[o[r], o[n - 1 - r]][:1 + (2 * r + 1 < n)] for r in range((n + 1) // 2)]
-    T = -(-max(sum(len(seqs[b]) for b in row) for row in rows) // multiple) * multiple
-    ids = np.full((len(rows), T), pad_id, dtype=np.int64)
-    mask, pos, starts = np.zeros_like(ids), np.zeros_like(ids), np.zeros(n, dtype=np.int64)
-    for r, row in enumerate(rows):
-        t = 0
-        for k, b in enumerate(row, 1):
-            at, starts[b] = slice(t, t + len(seqs[b])), r * T + t
-            ids[r, at], mask[r, at], pos[r, at] = seqs[b], k, range(len(seqs[b]))
-            t = at.stop
-    out = {'input_ids': ids, 'attention_mask': mask, 'starts': starts}
-    out |= {'position_ids': pos} if pack else {}
+        ends = np.cumsum(lengths)
+        T = (ends[-1] // PACKED + 1) * PACKED  # at least one padding token
+        ids, pos = np.full((1, T), pad_id, dtype=np.int64), np.zeros((1, T), dtype=np.int64)
+        ids[0, :ends[-1]] = np.concatenate(seqs)
+        pos[0, :ends[-1]] = np.concatenate([np.arange(k) for k in lengths])
+        offsets = np.concatenate([[0], ends, [T]])
+        out = {'input_ids': ids, 'position_ids': pos, 'offsets': offsets, 'starts': offsets[:-2]}
+    else:
+        T = -(-lengths.max() // multiple) * multiple
+        mask = np.arange(T) < lengths[:, None]
+        ids = np.full(mask.shape, pad_id, dtype=np.int64)
+        ids[mask] = np.concatenate(seqs)
+        out = {'input_ids': ids, 'attention_mask': mask.astype(np.int64),
+               'starts': np.arange(len(seqs)) * T}
     return {k: torch.from_numpy(v) for k, v in out.items()}
+
+
+def document_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                       cu_seq_lens_q=None, max_length_q=None, **kwargs):
+    """transformers' SDPA attention; in a packed row (cu_seq_lens_q: each document's start, then
+    the row's end) SDPA over its documents as a nested jagged tensor: no work across them."""
+    if cu_seq_lens_q is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+
+    def documents(x):  # (1, heads, T, d) -> (documents, heads, length, d), a view
+        return torch.nested.nested_tensor_from_jagged(
+            x[0].transpose(0, 1), cu_seq_lens_q, min_seqlen=1, max_seqlen=max_length_q
+        ).transpose(1, 2)
+    out = F.scaled_dot_product_attention(documents(query), documents(key), documents(value),
+                                         dropout_p=dropout, scale=scaling)
+    return out.transpose(1, 2).values()[None], None  # (1, T, heads, d), as transformers' own
+
+
+if TRANSFORMERS_5:
+    transformers.AttentionInterface.register('lhmix', document_attention)
+    AttentionMaskInterface.register('lhmix', ALL_MASK_ATTENTION_FUNCTIONS['sdpa'])
 
 
 def make_batch(model, token_ids, labels, multiple, rng=None, mlm_rate=0.0, static=False,
@@ -353,6 +382,12 @@ def train_batches(lengths, batch_size, rng, mixing):
 
 def pad_multiple(device):
     return 16 if device.type == 'cuda' else 8
+
+
+def packs(device):
+    """Whether random (Mixup's) batches go in one packed row: with transformers 5 on CUDA
+    (flash-attention's varlen kernel; torch's CPU SDPA loops over nested tensors' parts)."""
+    return TRANSFORMERS_5 and device.type == 'cuda'
 
 
 def autocast(device):

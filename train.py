@@ -347,7 +347,8 @@ def prepare(args, given, out):
 
 def train_epoch(model, step, tokens, labels, rows, args, epoch, bar):
     """One pass over the training set: (mean loss, the lambdas used or None). Mixing batches are
-    random (partners: lhmix.train_batches), so two documents share a row (lhmix.layout)."""
+    random (partners: lhmix.train_batches), so on GPUs their documents share one row (lhmix.layout:
+    little padding)."""
     device = next(model.parameters()).device
     rng = np.random.default_rng([args.seed, epoch])  # per-epoch streams make --resume repeatable
     torch.manual_seed(args.seed * 100003 + epoch)
@@ -359,7 +360,8 @@ def train_epoch(model, step, tokens, labels, rows, args, epoch, bar):
     for idx, partner in batches:
         batch = lhmix.make_batch(model, [tokens[i] for i in idx], [labels[i] for i in idx],
                                  lhmix.pad_multiple(device), rng, mlm_rate,
-                                 static=isinstance(step, CUDAGraphs), pack=mixing)
+                                 static=isinstance(step, CUDAGraphs),
+                                 pack=mixing and lhmix.packs(device))
         if mixing:
             batch['partner'] = torch.from_numpy(partner)
             if args.mix == 'lhmix':

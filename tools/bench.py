@@ -129,13 +129,13 @@ if args.epoch:  # Mixup from the first epoch; graphs captured in it
     raise SystemExit
 
 # The same documents in length-bucketed batches (train.py's without Mixup) and in random ones,
-# two documents a row (with Mixup); each way has its own model (a graphed step keeps its
+# packed in one row on GPUs (with Mixup); each way has its own model (a graphed step keeps its
 # gradients).
 rng = np.random.default_rng(0)
 docs, labels = documents(args.batch * args.steps, rng)
 orders = [[idx for idx, _ in lhmix.train_batches([len(d) for d in docs], args.batch, rng, mixing)]
           for mixing in (False, True)]
-runs, steps = {}, {}
+runs, steps, padding = {}, {}, {}
 for way in ways:
     graphed = way == 'graphed'
     floor, model = make_step(Floor(make_model().mlm.base_model), graphed), make_model()
@@ -145,10 +145,13 @@ for way in ways:
         for i, idx in enumerate(order):
             r = np.random.default_rng(i)  # the same eager and graphed
             b = lhmix.make_batch(model, [docs[j] for j in idx], [labels[j] for j in idx],
-                                 lhmix.pad_multiple(device), r, train.MLM_RATE, graphed, mixing)
+                                 lhmix.pad_multiple(device), r, train.MLM_RATE, graphed,
+                                 mixing and lhmix.packs(device))
             bs.append(dict(b, rows=torch.tensor(idx % 64),
                            partner=torch.tensor(r.permutation(len(idx)))))
         keys = [k for k in bs[0] if k not in ('rows', 'partner')]
+        real = sum(len(docs[j]) + len(model.prefix) + 1 for j in np.concatenate(order))
+        padding[mixing] = 100 - 100 * real / sum(b['input_ids'].numel() for b in bs)
         named = [('floor', floor, FLOOR), ('Prompt', step, keys),
                  ('LH-Mix', step, keys + ['rows', 'partner'])]
         for name, fn, keys in named[2 * mixing:]:  # random batches: LH-Mix only
@@ -167,10 +170,8 @@ else:
     limit = ms['floor, eager']
 print(f"limit: {limit:.2f} ms/step, the floor's {'GPU-kernel' if cuda else 'eager (no GPU)'} time")
 print(f"{'training step':<32} {'ms/step':>8} {'x limit':>8} {'padding':>8}")
-for k, (_, bs) in runs.items():
-    real = sum(int((b['attention_mask'] > 0).sum()) for b in bs)
-    pad = 100 - 100 * real / sum(b['input_ids'].numel() for b in bs)
-    print(f'{k:<32} {ms[k]:8.2f} {ms[k] / limit:8.3f} {pad:7.1f}%')
+for k in runs:
+    print(f"{k:<32} {ms[k]:8.2f} {ms[k] / limit:8.3f} {padding['random' in k]:7.1f}%")
 if not why_not:
     print(f"LH-Mix graphs captured: {len(steps['graphed'].graphs)}" + memory())
 
