@@ -384,12 +384,6 @@ def pad_multiple(device):
     return 16 if device.type == 'cuda' else 8
 
 
-def packs(device):
-    """Whether random (Mixup's) batches go in one packed row: with transformers 5 on CUDA
-    (flash-attention's varlen kernel; torch's CPU SDPA loops over nested tensors' parts)."""
-    return TRANSFORMERS_5 and device.type == 'cuda'
-
-
 def autocast(device):
     """bf16 autocast on GPUs that have it, fp16 otherwise; fp32 on CPU. No cast cache: CUDA graphs
     forbid it (a step casts each weight once anyway)."""

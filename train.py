@@ -347,8 +347,8 @@ def prepare(args, given, out):
 
 def train_epoch(model, step, tokens, labels, rows, args, epoch, bar):
     """One pass over the training set: (mean loss, the lambdas used or None). Mixing batches are
-    random (partners: lhmix.train_batches), so on GPUs their documents share one row (lhmix.layout:
-    little padding)."""
+    random (partners: lhmix.train_batches), so graphed steps take their documents in one packed
+    row (lhmix.layout); eager ones pad them (nested tensors' Python dispatch costs more)."""
     device = next(model.parameters()).device
     rng = np.random.default_rng([args.seed, epoch])  # per-epoch streams make --resume repeatable
     torch.manual_seed(args.seed * 100003 + epoch)
@@ -357,11 +357,11 @@ def train_epoch(model, step, tokens, labels, rows, args, epoch, bar):
     model.train()
     total, lams = torch.zeros((), device=device), []
     batches = lhmix.train_batches([len(t) for t in tokens], args.batch, rng, mixing)
+    graphed = isinstance(step, CUDAGraphs)
     for idx, partner in batches:
         batch = lhmix.make_batch(model, [tokens[i] for i in idx], [labels[i] for i in idx],
-                                 lhmix.pad_multiple(device), rng, mlm_rate,
-                                 static=isinstance(step, CUDAGraphs),
-                                 pack=mixing and lhmix.packs(device))
+                                 lhmix.pad_multiple(device), rng, mlm_rate, graphed,
+                                 pack=mixing and graphed)
         if mixing:
             batch['partner'] = torch.from_numpy(partner)
             if args.mix == 'lhmix':
