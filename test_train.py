@@ -514,7 +514,7 @@ def test_cuda_graph_steps_match_eager_on_gpu_bf16(mix):
     table, rows = torch.randn(4, 32, device=device), np.arange(48) % 4
     graphed, step = _run_steps(twin, docs, labels, table, rows, device, mix, graphs=True)
     eager, _ = _run_steps(model, docs, labels, table, rows, device, mix, graphs=False)
-    assert 2 <= len(step.graphs) <= 6  # captured once per batch shape, then replayed
+    assert 1 <= len(step.graphs) <= 6  # captured once per batch shape (packed: one), replayed
     assert graphed == pytest.approx(eager, rel=2e-2, abs=2e-2)  # bf16 autocast
 
 

@@ -137,7 +137,7 @@ rng = np.random.default_rng(0)
 docs, labels = documents(args.batch * args.steps, rng)
 orders = [[idx for idx, _ in lhmix.train_batches([len(d) for d in docs], args.batch, rng, mixing)]
           for mixing in (False, True)]
-runs, steps, padding = {}, {}, {}
+runs, steps = {}, {}
 for way in ways:
     graphed = way == 'graphed'
     floor, model = make_step(Floor(make_model().mlm.base_model), graphed), make_model()
@@ -152,8 +152,6 @@ for way in ways:
             bs.append(dict(b, rows=torch.tensor(idx % 64),
                            partner=torch.tensor(r.permutation(len(idx)))))
         keys = [k for k in bs[0] if k not in ('rows', 'partner')]
-        real = sum(len(docs[j]) + len(model.prefix) + 1 for j in np.concatenate(order))
-        padding[mixing] = 100 - 100 * real / sum(b['input_ids'].numel() for b in bs)
         named = [('floor', floor, FLOOR), ('Prompt', step, keys),
                  ('LH-Mix', step, keys + ['rows', 'partner'])]
         for name, fn, keys in named[2 * mixing:]:  # random batches: LH-Mix only
@@ -172,8 +170,10 @@ else:
     limit = ms['floor, eager']
 print(f"limit: {limit:.2f} ms/step, the floor's {'GPU-kernel' if cuda else 'eager (no GPU)'} time")
 print(f"{'training step':<32} {'ms/step':>8} {'x limit':>8} {'padding':>8}")
-for k in runs:
-    print(f"{k:<32} {ms[k]:8.2f} {ms[k] / limit:8.3f} {padding['random' in k]:7.1f}%")
+real = sum(len(d) + len(model.prefix) + 1 for d in docs)  # each way batches all the documents
+for k, (_, bs) in runs.items():
+    pad = 100 - 100 * real / sum(b['input_ids'].numel() for b in bs)
+    print(f'{k:<32} {ms[k]:8.2f} {ms[k] / limit:8.3f} {pad:7.1f}%')
 if not why_not:
     print(f"LH-Mix graphs captured: {len(steps['graphed'].graphs)}" + memory())
 
