@@ -1,5 +1,5 @@
 """The data sets (WOS as HPT builds it, HiAGM/HPT folders such as NYT and RCV1-V2, a demo), the
-pretrained model a run starts from, and checkpoints on disk."""
+pretrained model a run starts from, and files read and written whole."""
 import io
 import json
 import math
@@ -15,7 +15,7 @@ from xml.etree import ElementTree
 import numpy as np
 import torch
 
-from lhmix import Hierarchy, LHMix
+from lhmix import Hierarchy
 
 
 def read_lines(path):
@@ -26,6 +26,34 @@ def read_lines(path):
             return [(n, line.rstrip('\n')) for n, line in enumerate(f, 1)]
     except UnicodeDecodeError as e:  # Python's own names no file
         raise ValueError(f'{path}: not UTF-8 text ({e.reason})') from None
+
+
+def temporary(path):
+    """Where write_whole writes `path` before renaming it over: .NAME.tmp beside it."""
+    folder, name = os.path.split(path)
+    return os.path.join(folder, f'.{name}.tmp')
+
+
+def write_whole(path, text):
+    """Writes `path` (str or bytes) whole or not at all, making its folder: a synced temporary file
+    is renamed over it, or removed on any failure (disk full, Ctrl-C). An OSError names `path`."""
+    folder, tmp = os.path.dirname(os.path.abspath(path)), temporary(path)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(tmp, 'wb') as f:  # plain open(): the umask's modes
+            f.write(text if isinstance(text, bytes) else text.encode('utf-8'))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fd = os.open(folder, os.O_RDONLY)  # the rename itself, on disk
+        os.fsync(fd)
+        os.close(fd)
+    except BaseException as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        if isinstance(e, OSError) and not e.filename:  # fsync's, on a full disk
+            e.filename = path
+        raise
 
 
 # -----------------------------------------------------------------------------
@@ -128,7 +156,7 @@ def _download_wos(path):
                 blob, kind = r.read(), r.headers.get_content_type()
             if _data_xlsx(blob) is None:
                 raise ValueError(f'not a zip holding Meta-data/Data.xlsx ({kind})')
-            return write_atomically(path, blob)
+            return write_whole(path, blob)
         except (OSError, ValueError, http.client.HTTPException) as e:
             failed.append(f'{url}: {e}')
     folder = os.path.dirname(path)
@@ -261,8 +289,8 @@ RCV1_TOPICS = 'rcv1.topics.hier.orig'  # RCV1-v2's appendix: each topic code's d
 
 
 def label_names(folder, parents):
-    """{label: name} from RCV1_TOPICS (descriptions, lower-cased as the authors' code reads them)
-    and from label_names.tsv (code<TAB>name), which wins."""
+    """{label: name} from RCV1_TOPICS (its descriptions, lower-cased here; the authors' code looks
+    them up by the lower-cased code) and from label_names.tsv (code<TAB>name), which wins."""
     names, code = {}, {v.lower(): v for v in parents}
     topics, tsv = os.path.join(folder, RCV1_TOPICS), os.path.join(folder, 'label_names.tsv')
     for n, line in read_lines(topics) if os.path.exists(topics) else []:
@@ -390,7 +418,7 @@ def tiny_bert(texts, max_words=8000):
         tokenizer = BertTokenizerFast(path, do_lower_case=True)
     config = BertConfig(vocab_size=len(vocab), hidden_size=128, num_hidden_layers=2,
                         num_attention_heads=2, intermediate_size=256, max_position_embeddings=512)
-    return AutoModelForMaskedLM.from_config(config), tokenizer  # as load_checkpoint builds it
+    return AutoModelForMaskedLM.from_config(config), tokenizer  # as runs.load_checkpoint does
 
 
 def load_pretrained(name):
@@ -403,6 +431,10 @@ def load_pretrained(name):
         for f in os.scandir(name):  # safetensors says 'No such file' of one it may not read
             if f.is_file():
                 open(f.path, 'rb').close()
+        files = set(os.listdir(name))  # transformers' message would be of sentencepiece
+        if 'config.json' not in files or not files & {'tokenizer.json', 'vocab.txt'}:
+            raise ValueError(f'model {name!r}: the folder holds no ' + (
+                'config.json' if 'config.json' not in files else 'tokenizer.json or vocab.txt'))
     logging.set_verbosity_error()  # its report of missing and unexpected weights: said below
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
@@ -427,121 +459,3 @@ def load_pretrained(name):
 
 def one_line(e):
     return ' '.join(f'{type(e).__name__}: {e}'.split())
-
-
-# -----------------------------------------------------------------------------
-# Checkpoints: a folder of CHECKPOINT, each file replaced whole; model.safetensors holds the
-# weights, extras and JSON metadata (no pickle) and is rewritten at each save
-
-WEIGHTS = 'model.safetensors'
-CHECKPOINT = (WEIGHTS, 'tokenizer.json', 'tokenizer_config.json', 'config.json')
-
-
-def _fsync(path):
-    fd = os.open(path, os.O_RDONLY)
-    os.fsync(fd)
-    os.close(fd)
-
-
-def write_atomically(path, text):
-    """Writes `path` (str or bytes) whole or not at all, making its folder: a synced temporary file
-    .NAME.tmp is renamed over it, or removed on any failure (disk full, Ctrl-C)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f'.{os.path.basename(path)}.tmp')
-    try:
-        with open(tmp, 'wb') as f:  # plain open(): the umask's modes
-            f.write(text if isinstance(text, bytes) else text.encode('utf-8'))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    _fsync(folder)
-
-
-def _aliases(model):
-    """Names of tied copies (BERT's decoder weight is its word embeddings): safetensors stores no
-    aliases, and the model built from config.json ties them again."""
-    return ({n for n, _ in model.named_parameters(remove_duplicate=False)}
-            - {n for n, _ in model.named_parameters()})
-
-
-def save_checkpoint(folder, model, tokenizer, info, extra=None):
-    """model.safetensors: the weights, `extra` ({name: tensor}) as extra.<name>, metadata 'lhmix'
-    (JSON: what rebuilds the LHMix, and `info`); the tokenizer and config.json (last) once. A
-    kill at any instant leaves the old checkpoint or the new one."""
-    from safetensors.torch import save
-    h, aliases = model.hierarchy, _aliases(model)
-    meta = {'arch': model.arch, 'base_vocab': model.base_vocab, 'special': model.special,
-            'max_length': model.max_length,
-            'hierarchy': {'labels': h.labels, 'names': h.names,
-                          'parents': [h.labels[p] if p >= 0 else None for p in h.parent]}, **info}
-    tensors = {**{k: v for k, v in model.state_dict().items() if k not in aliases},
-               **{f'extra.{k}': v for k, v in (extra or {}).items()}}
-    blob = save({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
-                {'lhmix': json.dumps(meta), 'format': 'pt'})  # 'pt': as transformers writes
-    write_atomically(os.path.join(folder, WEIGHTS), blob)
-    if not os.path.exists(os.path.join(folder, 'config.json')):
-        with tempfile.TemporaryDirectory() as tmp:  # transformers 4 writes more than is needed
-            tokenizer.save_pretrained(tmp)
-            model.mlm.config.save_pretrained(tmp)
-            for f in CHECKPOINT[1:]:
-                write_atomically(os.path.join(folder, f), Path(tmp, f).read_bytes())
-
-
-def checkpoint_meta(folder):
-    """The metadata of folder's model.safetensors, its tensors unread (KeyError if it has none)."""
-    from safetensors import safe_open
-    open(os.path.join(folder, WEIGHTS), 'rb').close()  # safetensors: 'No such file' if unreadable
-    with safe_open(os.path.join(folder, WEIGHTS), 'pt') as f:
-        return json.loads((f.metadata() or {})['lhmix'])
-
-
-def check_labels(saved, hierarchy, folder):
-    """Refuses data whose labels are not the checkpoint's, in its order (its label ids)."""
-    if saved.labels != hierarchy.labels:
-        raise ValueError(f'{folder}: its labels differ from those of the data' + (
-            ' in their order (a taxonomy with its lines reordered?)'
-            if sorted(saved.labels) == sorted(hierarchy.labels) else ''))
-
-
-def load_checkpoint(folder, device='cpu', hierarchy=None):
-    """(model, tokenizer, meta): meta is the saved metadata, meta['extra'] the extras. With
-    `hierarchy`, the labels must be the data's. Runs no code from the folder (trust_remote_code
-    is off: transformers' classes are used whatever config.json's auto_map asks for)."""
-    from safetensors import SafetensorError, safe_open
-    from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
-    if not os.path.isdir(folder):
-        raise ValueError(f'{folder}: no such checkpoint folder')
-    if os.path.isdir(os.path.join(folder, 'best')):
-        raise ValueError(f'{folder}: a run, not a checkpoint: pass {os.path.join(folder, "best")}')
-    missing = [f for f in CHECKPOINT if not os.path.exists(os.path.join(folder, f))]
-    if missing:
-        raise ValueError(f'{folder}: not an LH-Mix checkpoint (no {", ".join(missing)})')
-    try:
-        meta = checkpoint_meta(folder)
-        with safe_open(os.path.join(folder, WEIGHTS), 'pt') as f:
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-        meta['extra'] = {k[6:]: tensors.pop(k).to(device) for k in list(tensors)
-                         if k.startswith('extra.')}
-        h = meta['hierarchy']
-        mlm = AutoModelForMaskedLM.from_config(AutoConfig.from_pretrained(  # SDPA: as trained
-            folder, trust_remote_code=False), trust_remote_code=False, attn_implementation='sdpa')
-        model = LHMix(mlm, Hierarchy(dict(zip(h['labels'], h['parents'])),
-                                     dict(zip(h['labels'], h['names']))),
-                      meta['arch'], meta['base_vocab'], meta['special'], meta['max_length'])
-        # strict, but for the tied copies, which load with the one they are tied to
-        want = model.state_dict().keys() - _aliases(model)
-        if tensors.keys() != want:
-            raise ValueError(f'weights missing: {sorted(want - tensors.keys())}, unexpected: '
-                             f'{sorted(tensors.keys() - want)}')
-        model.load_state_dict(tensors, strict=False)
-        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as e:
-        raise ValueError(f'{folder}: unreadable, truncated or corrupt ({one_line(e)})') from None
-    if hierarchy is not None:
-        check_labels(model.hierarchy, hierarchy, folder)
-    return model.to(device), tokenizer, meta

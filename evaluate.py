@@ -15,8 +15,7 @@ import torch
 
 import data
 import lhmix
-
-METRICS, TEST_METRICS = 'metrics.jsonl', 'test_metrics.json'  # a train.py run's figures
+import runs
 
 
 def f1_scores(predictions, gold, num_labels, labels=None):
@@ -88,16 +87,6 @@ def device(name):
     return d
 
 
-def unwritable(folder):
-    """Why `folder` (made with its parents where missing) cannot be written in, or None."""
-    up = folder
-    while not os.path.exists(up):
-        up = os.path.dirname(up)
-    if not os.path.isdir(up):
-        return f'{up} is a file, not a folder'
-    return None if os.access(up, os.W_OK | os.X_OK) else f'{up} is not writable'
-
-
 def check_output(path, flag, ckpt, start):
     """Refuses, before anything is computed, to write `path` into the checkpoint being read, over
     a run's own figures, where no folder can be made, or over a file that is not an earlier
@@ -105,9 +94,9 @@ def check_output(path, flag, ckpt, start):
     folder = os.path.realpath(ckpt)
     if os.path.commonpath([os.path.realpath(path), folder]) == folder:
         raise ValueError(f'{flag} {path}: is inside the checkpoint folder {ckpt} being read')
-    if os.path.basename(path) in (METRICS, TEST_METRICS):
+    if os.path.basename(path) in (runs.METRICS, runs.TEST_METRICS):
         raise ValueError(f"{flag} {path}: is a train.py run's own file")
-    why = unwritable(os.path.dirname(os.path.abspath(path)))
+    why = runs.unwritable(os.path.dirname(os.path.abspath(path)))
     if why:
         raise ValueError(f'{flag} {path}: {why}')
     if os.path.lexists(path):
@@ -115,6 +104,38 @@ def check_output(path, flag, ckpt, start):
             if f.read(len(start)) != start.encode():
                 raise ValueError(f'{flag} {path}: exists and is not an earlier {flag} file '
                                  '(remove it or choose another name)')
+
+
+def evaluate(args):
+    for flag, path, start in (('--out', args.out, '{\n "micro_f1": '),
+                              ('--save-predictions', args.save_predictions, '{"labels": [')):
+        if path:
+            check_output(path, flag, args.ckpt, start)
+    if args.texts:
+        model, tokenizer, _ = runs.load_checkpoint(args.ckpt, args.device)
+        out = classify(model, tokenizer, [line for _, line in data.read_lines(args.texts)])
+        print(''.join(json.dumps(r) + '\n' for r in out), end='')
+        cut = sum(r['truncated'] for r in out)
+        if cut:
+            print(f'{cut} of {len(out)} texts truncated to max_length {model.max_length}',
+                  file=sys.stderr)
+        return
+    hierarchy, splits = data.load_data(args.data, args.data_dir)
+    docs = splits[args.split]
+    model, tokenizer, _ = runs.load_checkpoint(args.ckpt, args.device, hierarchy)
+    budget, t0 = model.text_budget(model.max_length), time.time()
+    tokens, cut = lhmix.tokenize(tokenizer, [t for t, _ in docs], budget)
+    pred = lhmix.score_documents(model, tokens) > 0
+    print(f'{len(docs)} documents ({cut} truncated to max_length {model.max_length}) '
+          f'in {time.time() - t0:.1f} s')
+    r = report(pred, [ls for _, ls in docs], hierarchy, [ls for _, ls in splits['train']])
+    print_report(args.split, r)
+    if args.out:
+        data.write_whole(args.out, json.dumps(r, indent=1))
+    if args.save_predictions:
+        data.write_whole(args.save_predictions, ''.join(
+            json.dumps({'labels': [hierarchy.labels[v] for v in np.flatnonzero(row)]}) + '\n'
+            for row in pred))
 
 
 def main(argv=None):
@@ -137,44 +158,7 @@ def main(argv=None):
     if args.out and args.save_predictions and (
             os.path.realpath(args.out) == os.path.realpath(args.save_predictions)):
         p.error(f'--out and --save-predictions name one file: {args.out}')
-    try:
-        for flag, path, start in (('--out', args.out, '{\n "micro_f1": '),
-                                  ('--save-predictions', args.save_predictions, '{"labels": [')):
-            if path:
-                check_output(path, flag, args.ckpt, start)
-        if args.texts:
-            model, tokenizer, _ = data.load_checkpoint(args.ckpt, args.device)
-            out = classify(model, tokenizer, [line for _, line in data.read_lines(args.texts)])
-            print(''.join(json.dumps(r) + '\n' for r in out), end='')
-            cut = sum(r['truncated'] for r in out)
-            if cut:
-                print(f'{cut} of {len(out)} texts truncated to max_length {model.max_length}',
-                      file=sys.stderr)
-        else:
-            hierarchy, splits = data.load_data(args.data, args.data_dir)
-            docs = splits[args.split]
-            model, tokenizer, _ = data.load_checkpoint(args.ckpt, args.device, hierarchy)
-            budget, t0 = model.text_budget(model.max_length), time.time()
-            tokens, cut = lhmix.tokenize(tokenizer, [t for t, _ in docs], budget)
-            pred = lhmix.score_documents(model, tokens) > 0
-            print(f'{len(docs)} documents ({cut} truncated to max_length {model.max_length}) '
-                  f'in {time.time() - t0:.1f} s')
-            r = report(pred, [ls for _, ls in docs], hierarchy, [ls for _, ls in splits['train']])
-            print_report(args.split, r)
-            if args.out:
-                data.write_atomically(args.out, json.dumps(r, indent=1))
-            if args.save_predictions:
-                data.write_atomically(args.save_predictions, ''.join(
-                    json.dumps({'labels': [hierarchy.labels[v] for v in np.flatnonzero(row)]})
-                    + '\n' for row in pred))
-        sys.stdout.flush()  # here, so that a closed pipe is caught below
-    except BrokenPipeError:  # `evaluate.py ... | head -2`: the reader has all it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
-    except OSError as e:  # the OS's words
-        sys.exit(f'error: {e.filename}: {e.strerror}' if e.filename else f'error: {e}')
-    except ValueError as e:  # a user's mistake: one line
-        sys.exit('error: ' + str(e).replace('\n', ' '))
+    runs.exit_on_error(evaluate, args)
 
 
 if __name__ == '__main__':

@@ -1,5 +1,6 @@
-"""LH-Mix (Kong, Zhang & Wang, KDD 2025): Sec. 3 (Eqs. 1, 2), Sec. 4 (Eqs. 3-7), feeding the
-model, and an appendix: ZMLCE fused in Triton. Imports nothing of this project: copy it alone."""
+"""LH-Mix (Kong, Zhang & Wang, KDD 2025): Sec. 3 (Eqs. 1, 2), Sec. 4 (Eqs. 3-7), then what the
+paper leaves out: feeding the model, and ZMLCE fused in Triton. Imports nothing of this project:
+copy it alone."""
 import math
 
 import numpy as np
@@ -78,7 +79,7 @@ class LHMix(nn.Module):
         V, D, config = len(hierarchy), hierarchy.num_depths, mlm.config
         self.depth_ids, self.slot_id = [base_vocab + V + d for d in range(D)], base_vocab + V + D
         if mlm.get_input_embeddings().num_embeddings != self.slot_id + 1:
-            try:  # transformers >= 4.46 would otherwise mean-initialise rows build_model overwrites
+            try:  # transformers >= 4.46 would otherwise mean-initialise what build_model overwrites
                 mlm.resize_token_embeddings(self.slot_id + 1, mean_resizing=False)
             except TypeError:
                 mlm.resize_token_embeddings(self.slot_id + 1)
@@ -95,9 +96,16 @@ class LHMix(nn.Module):
             self.dropout = nn.Dropout(config.hidden_dropout_prob)  # 0.1 for BERT
             self.prefix, self.classifier = [special['cls']], nn.Linear(config.hidden_size, V)
             valid = torch.ones(1, V, dtype=torch.bool)
-        self.register_buffer('valid', valid, persistent=False)  # (rows, V): each row's labels
+        self.register_buffer('valid', valid, persistent=False)  # (slots, V): each slot's labels
         slots = [i for i, t in enumerate(self.prefix) if t == self.slot_id] or [0]  # or [CLS]
         self.register_buffer('slot_offsets', torch.tensor(slots), persistent=False)
+        # LH-Mix's local hierarchies (Sec. 4.1) and Eq. 4's alpha, beta: use_local_hierarchies
+        self.register_buffer('local_hierarchies', None, persistent=False)
+        self.alpha = self.beta = None
+
+    def use_local_hierarchies(self, table, alpha, beta):
+        """Mixes by LH-Mix's ratios: Eqs. 3-4 from rows of `table` (local_hierarchy_table's)."""
+        self.local_hierarchies, self.alpha, self.beta = table, alpha, beta
 
     def name_ids(self, tokenizer):
         return [tokenizer(name, add_special_tokens=False)['input_ids']
@@ -120,17 +128,17 @@ class LHMix(nn.Module):
             cu_seq_lens_q=offsets, max_length_q=max(self.max_length, PACKED)).last_hidden_state
 
     def slots(self, hidden, starts):
-        """(B, rows, H): each depth's [P] (or bert's [CLS]) of the documents at `starts`."""
+        """(B, slots, H): each depth's [P] (or bert's [CLS]) of the documents at `starts`."""
         return hidden.flatten(0, 1)[starts[:, None] + self.slot_offsets]
 
     def score(self, slot_hidden):
-        """Eq. 1: (B, rows, V) label scores p^d; only `self.valid` entries are meaningful."""
+        """Eq. 1: (B, slots, V) label scores p^d; only `self.valid` entries are meaningful."""
         if self.arch == 'bert':
             return self.classifier(self.dropout(slot_hidden))
         return self.transform(slot_hidden) @ self.label_embeddings().t() + self.label_bias
 
     def loss(self, scores, targets):
-        """(B, rows): Eq. 2 per depth; for bert, HGCLR's binary cross-entropy, mean over labels."""
+        """(B, slots): Eq. 2 per depth; for bert, HGCLR's binary cross-entropy, mean over labels."""
         if self.arch == 'bert':
             return F.binary_cross_entropy_with_logits(
                 scores.float(), targets.float(), reduction='none').mean(-1)
@@ -141,7 +149,7 @@ class LHMix(nn.Module):
         x = hidden.flatten(0, 1).index_select(0, positions)
         return F.cross_entropy(self.mlm.get_output_embeddings()(self.transform(x)).float(), labels)
 
-    def forward(self, **batch):  # the training loss, Eqs. 2, 5-7
+    def forward(self, **batch):  # (the training loss, each document's lambda), Eqs. 2-7
         return training_loss(self, **batch)
 
     @torch.no_grad()
@@ -149,12 +157,13 @@ class LHMix(nn.Module):
         """(B, V) scores; Sec. 3: a label is predicted when its score is > 0 (sigmoid > 0.5)."""
         hidden = self.encode(input_ids, attention_mask)
         scores = self.score(self.slots(hidden, starts))
-        return scores.masked_fill(~self.valid, -math.inf).amax(1).float()  # each in its depth's row
+        return scores.masked_fill(~self.valid, -math.inf).amax(1).float()  # each at its depth
 
 
 def build_model(mlm, tokenizer, hierarchy, arch, max_length=512):
-    """A fresh LHMix: label tokens start as the mean embedding of their name's word-pieces (Eq. 1),
-    depth tokens random (the paper), [P] as [MASK] (the authors' code)."""
+    """A fresh LHMix: label tokens start as the mean embedding of their name's word-pieces, depth
+    tokens random (both Sec. 5.2), [P] as [MASK] (the authors' code); bert's classifier as BERT
+    initialises one (HGCLR's)."""
     special = {'cls': tokenizer.cls_token_id, 'sep': tokenizer.sep_token_id,
                'pad': tokenizer.pad_token_id, 'mask': tokenizer.mask_token_id}
     model = LHMix(mlm, hierarchy, arch, len(tokenizer), special, max_length)
@@ -165,12 +174,15 @@ def build_model(mlm, tokenizer, hierarchy, arch, max_length=512):
         for d in model.depth_ids:
             emb[d].normal_(0.0, mlm.config.initializer_range)
         emb[model.slot_id] = emb[special['mask']]
+        if arch == 'bert':
+            model.classifier.weight.normal_(0.0, mlm.config.initializer_range)
+            model.classifier.bias.zero_()
     return model
 
 
 def zmlce(scores, targets, valid=None):
-    """Eq. 2, a loss per row of `scores` (..., L) over its valid labels; `targets` (0/1) and
-    `valid` (bool) broadcast to it. On CUDA, the appendix's fused kernel."""
+    """Eq. 2, a loss per score vector of `scores` (..., L) over its valid labels; `targets` (0/1)
+    and `valid` (bool) broadcast to it. On CUDA, the fused kernel at the end of this file."""
     if scores.is_cuda and triton is not None and scores.dtype != torch.float64:
         return FusedZMLCE.apply(scores, targets, valid)
     return plain_zmlce(scores, targets, valid)
@@ -205,8 +217,8 @@ def local_hierarchy_ids(model, label_ids, name_ids):
 
 @torch.no_grad()
 def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
-    """(table (U, H) float32, each set's row (N,) int64) on the model's device: [CLS] of each
-    distinct local hierarchy, encoded once, before training (the frozen encoder, Sec. 4.1)."""
+    """(table (U, H) float32, each set's index in it (N,) int64) on the model's device: [CLS] of
+    each distinct local hierarchy, encoded once, before training (the frozen encoder, Sec. 4.1)."""
     keys = [tuple(sorted(s)) for s in label_sets]
     distinct = sorted(set(keys))
     name_ids = model.name_ids(tokenizer)
@@ -219,8 +231,8 @@ def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
         ids, mask = b['input_ids'].to(device), b['attention_mask'].to(device)
         out.append(model.encode(ids, mask)[:, 0].float())
     model.train(was_training)
-    row = {k: i for i, k in enumerate(distinct)}
-    return torch.cat(out), torch.tensor([row[k] for k in keys], device=device)
+    index = {k: i for i, k in enumerate(distinct)}
+    return torch.cat(out), torch.tensor([index[k] for k in keys], device=device)
 
 
 def hierarchy_similarity(h_i, h_j):
@@ -230,7 +242,8 @@ def hierarchy_similarity(h_i, h_j):
 
 
 def mixup_ratio(s, alpha, beta):
-    """Similar hierarchies mix more (lambda -> 0.5); alpha > 0, beta in (0.5, 1]."""
+    """Similar hierarchies mix more (lambda -> 0.5); alpha > 0, beta in (0.5, 1] (0.5: always
+    0.5, the authors' default)."""
     return -(beta - 0.5) * s ** alpha + beta  # Eq. 4
 
 
@@ -240,17 +253,23 @@ def pair_ratios(hier, partner, alpha, beta):
 
 
 def mix_hidden(h_i, h_j, lam):
-    """h~ = lambda h_i + (1 - lambda) h_j, for h (B, rows, H) and a lambda (B,) per document."""
+    """h~ = lambda h_i + (1 - lambda) h_j, for h (B, slots, H) and a lambda (B,) per document."""
     lam = lam.float()[:, None, None]
     return torch.lerp(h_j.float(), h_i.float(), lam).to(h_i.dtype)  # Eq. 5, in fp32
 
 
 def training_loss(model, input_ids, starts, targets, attention_mask=None, position_ids=None,
-                  offsets=None, partner=None, lam=None, mlm_pos=None, mlm_labels=None):
-    """The loss summed over rows (one per depth; the authors' code makes one per document), mixed
-    with `partner` by `lam`, averaged over documents, plus HPT's MLM term if any is masked."""
+                  offsets=None, partner=None, lam=None, hierarchy_ids=None, mlm_pos=None,
+                  mlm_labels=None):
+    """(loss, lambda or None): the loss summed over depths (the authors' code sums one over all
+    labels), each document mixed with its `partner` by its `lam` (vanilla Mixup) or, given each
+    one's local hierarchy (`hierarchy_ids`), by LH-Mix's ratio; averaged over documents; plus
+    HPT's MLM term if any text is masked."""
     hidden = model.encode(input_ids, attention_mask, position_ids, offsets)
     h = model.slots(hidden, starts)
+    if hierarchy_ids is not None:  # each pair's lambda from the frozen encoder's table
+        lam = pair_ratios(model.local_hierarchies[hierarchy_ids], partner, model.alpha,
+                          model.beta)                                # Eqs. 3-4
     if partner is not None:
         h = mix_hidden(h, h[partner], lam)                           # Eq. 5
     p, t = model.score(h), targets[:, None, :]                       # Eq. 1 / Eq. 6: p~ = f(h~)
@@ -262,7 +281,7 @@ def training_loss(model, input_ids, starts, targets, attention_mask=None, positi
     loss = loss.sum(-1).mean()
     if mlm_pos is not None:
         loss = loss + model.mlm_loss(hidden, mlm_pos, mlm_labels)
-    return loss
+    return loss, lam
 
 
 # -----------------------------------------------------------------------------
@@ -270,7 +289,8 @@ def training_loss(model, input_ids, starts, targets, attention_mask=None, positi
 
 def tokenize(tokenizer, texts, max_text_len):
     """(word-pieces of each text cut to max_text_len, the number cut)."""
-    ids = tokenizer(list(texts), add_special_tokens=False, verbose=False)['input_ids']
+    texts = list(texts)  # a tokenizer refuses none
+    ids = tokenizer(texts, add_special_tokens=False, verbose=False)['input_ids'] if texts else []
     return ([np.asarray(t[:max_text_len], dtype=np.int64) for t in ids],
             sum(len(t) > max_text_len for t in ids))
 
@@ -366,7 +386,7 @@ def to_device(batch, device):
 
 def train_batches(lengths, batch_size, rng, mixing):
     """An epoch's (document ids, partner positions or None). Mixing: slices of a shuffle, partners
-    a random permutation of each, the authors' randperm(B) (pi(i) == i: a clean row). Else,
+    a random permutation of each, the authors' randperm(B) (pi(i) == i: a clean document). Else,
     sorted by length in chunks of 64 batches: less padding."""
     perm = rng.permutation(len(lengths))
     if mixing:
@@ -410,15 +430,15 @@ def score_documents(model, token_ids, batch_size=128):
 
 
 # -----------------------------------------------------------------------------
-# Appendix: ZMLCE fused in Triton for CUDA, forward (Eq. 2) and backward (Eq. 8)
+# Not in the paper: ZMLCE fused in Triton for CUDA, forward (Eq. 2) and backward (Eq. 8)
 
 if triton is not None:
     @triton.jit
     def _zmlce_kernel(S, T, VALID, LOSS, GRAD, L, BLOCK: tl.constexpr):
-        """One row (BLOCK >= L): Eq. 2's log-sum-exps shifted by max(0, x), and Eq. 8's gradient
-        d/ds = e^{s - lse_neg} for negatives, -e^{-s - lse_pos} for positives, for backward."""
-        row, cols = tl.program_id(0).to(tl.int64), tl.arange(0, BLOCK)
-        at, ok = row * L + cols, cols < L
+        """One score vector (BLOCK >= L): Eq. 2's log-sum-exps shifted by max(0, x), and Eq. 8's
+        gradient d/ds = e^{s - lse_neg} for negatives, -e^{-s - lse_pos} for positives."""
+        i, cols = tl.program_id(0).to(tl.int64), tl.arange(0, BLOCK)
+        at, ok = i * L + cols, cols < L
         s = tl.load(S + at, mask=ok, other=0.0).to(tl.float32)
         pos = tl.load(T + at, mask=ok, other=0) != 0
         valid = tl.load(VALID + at, mask=ok, other=0) != 0
@@ -427,27 +447,27 @@ if triton is not None:
         m_pos, m_neg = tl.maximum(tl.max(x_pos, 0), 0.0), tl.maximum(tl.max(x_neg, 0), 0.0)
         lse_pos = m_pos + tl.log(tl.exp(-m_pos) + tl.sum(tl.exp(x_pos - m_pos), 0))
         lse_neg = m_neg + tl.log(tl.exp(-m_neg) + tl.sum(tl.exp(x_neg - m_neg), 0))
-        tl.store(LOSS + row, lse_pos + lse_neg)  # Eq. 2
+        tl.store(LOSS + i, lse_pos + lse_neg)  # Eq. 2
         grad = tl.exp(x - tl.where(pos, lse_pos, lse_neg))  # Eq. 8; 0 outside the valid labels
         tl.store(GRAD + at, tl.where(pos, -grad, grad), mask=ok)
 
 
-def _rows(x, shape):
-    """x broadcast to `shape` as a contiguous (rows, L) matrix, bool as uint8 (Triton's)."""
+def _flat(x, shape):
+    """x broadcast to `shape` as a contiguous (N, L) matrix, bool as uint8 (Triton's)."""
     x = x.expand(shape).reshape(-1, shape[-1]).contiguous()
     return x.view(torch.uint8) if x.dtype == torch.bool else x
 
 
 class FusedZMLCE(torch.autograd.Function):
-    """zmlce() by the kernel above, a program per row; the gradient is made in the forward read
-    of the row: backward only scales it."""
+    """zmlce() by the kernel above, a program per score vector; the gradient is made as the
+    forward reads the scores: backward only scales it."""
 
     @staticmethod
     def forward(ctx, scores, targets, valid):
         shape, L = scores.shape, scores.shape[-1]
         if valid is None:
             valid = torch.ones((), dtype=torch.bool, device=scores.device)
-        s, t, v = _rows(scores, shape), _rows(targets.bool(), shape), _rows(valid, shape)
+        s, t, v = _flat(scores, shape), _flat(targets.bool(), shape), _flat(valid, shape)
         loss = torch.empty(s.shape[0], device=s.device)
         grad = torch.empty(s.shape, device=s.device)
         block = triton.next_power_of_2(L)

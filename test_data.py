@@ -4,7 +4,6 @@ it. Nothing reaches the network: files are written to tmp_path, the download is 
 import io
 import json
 import os
-import pickle
 import re
 import shutil
 import subprocess
@@ -20,10 +19,10 @@ os.environ['TRANSFORMERS_OFFLINE'] = '1'
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from safetensors.torch import load_file, safe_open, save_file  # noqa: E402
 
 import data  # noqa: E402
 import lhmix  # noqa: E402
+import runs  # noqa: E402
 
 
 def write_lines(path, lines):  # UTF-8; a surrogate '\udce9' writes the Latin-1 byte of 'é'
@@ -59,22 +58,23 @@ def test_read_lines_as_open_splits_naming_a_file_not_utf8(tmp_path, monkeypatch,
         assert data.read_lines('-') == [(1, 'x'), (2, '\u00e9')]
 
 
-def test_unreadable_files_name_the_file_and_why(saved, tmp_path):
+def test_unreadable_files_name_the_file_and_why(tmp_path):
     if os.geteuid() == 0 and not shutil.which('setpriv'):
         pytest.skip('running as root without setpriv: permissions cannot be tested')
     with pytest.raises(IsADirectoryError, match=str(tmp_path)):
         data.read_lines(str(tmp_path))
     for folder in ('a', 'b'):
         write_hiagm(tmp_path / folder)
-    shutil.copytree(saved, tmp_path / 'ck')
+    runs.save_checkpoint(str(tmp_path / 'ck'), *tiny(), {})
     for part in data.tiny_bert(TEXTS):  # the model and its tokenizer
         part.save_pretrained(tmp_path / 'model')
-    cases = [('a', 'toy_train.json', 'load_data'), ('b', 'toy.taxonomy', 'load_data'),
-             ('ck', data.WEIGHTS, 'load_checkpoint'), ('model', data.WEIGHTS, 'load_pretrained')]
+    cases = [('a', 'toy_train.json', 'data.load_data'), ('b', 'toy.taxonomy', 'data.load_data'),
+             ('ck', runs.WEIGHTS, 'runs.load_checkpoint'),
+             ('model', runs.WEIGHTS, 'data.load_pretrained')]
     for folder, name, _ in cases:
         os.chmod(tmp_path / folder / name, 0)
-    script = 'import data\n' + ''.join(
-        f'try:\n    data.{load}({str(tmp_path / folder)!r})\n'
+    script = 'import data, runs\n' + ''.join(
+        f'try:\n    {load}({str(tmp_path / folder)!r})\n'
         'except (OSError, ValueError) as e:\n    print(e)\n' for folder, _, load in cases)
     drop = ['setpriv', '--inh-caps=-all', '--bounding-set=-all'] if os.geteuid() == 0 else []
     out = subprocess.run(drop + [sys.executable, '-c', script], capture_output=True, text=True,
@@ -463,7 +463,7 @@ def test_load_hiagm_errors_name_file_and_line(tmp_path, name, lines, message):
 
 
 # -----------------------------------------------------------------------------
-# Checkpoints: one folder, model.safetensors replaced whole, no pickle, one line for each damage
+# The pretrained model a run starts from; tiny BERTs for the tests
 
 PARENTS = {'Sci': None, 'Art': None, 'Sci/physics': 'Sci', 'Art/jazz': 'Art',
            'Sci/physics/optics': 'Sci/physics'}
@@ -485,126 +485,7 @@ def tiny(arch='prompt', seed=1):
     return model.eval(), tok
 
 
-@pytest.fixture(scope='module')
-def saved(tmp_path_factory):
-    model, tok = tiny()
-    folder = tmp_path_factory.mktemp('ck') / 'best'
-    data.save_checkpoint(str(folder), model, tok, {'epoch': 7}, {'table': torch.arange(6.)})
-    return folder
-
-
-@pytest.mark.parametrize('arch', ['prompt', 'bert'])
-def test_checkpoint_round_trip_without_pickle_in_the_umask_modes(tmp_path, monkeypatch, arch):
-    model, tok = tiny(arch)
-    tokens, _ = lhmix.tokenize(tok, TEXTS * 3, 50)
-    before = lhmix.score_documents(model, tokens)
-    folder = tmp_path / 'ck'
-    old = os.umask(0o027)
-    try:
-        data.save_checkpoint(str(folder), model, tok, {'epoch': 6})
-        config = os.stat(folder / 'config.json')
-        extra = {'step': torch.tensor([5]), 'table': torch.randn(3, 4, dtype=torch.float64)}
-        data.save_checkpoint(str(folder), model, tok, {'epoch': 7, 'dev': {'f1': 0.5}}, extra)
-        data.write_atomically(str(tmp_path / 'sub' / 'm.json'), '{}\n')
-    finally:
-        os.umask(old)
-    assert os.stat(folder / 'config.json').st_ino == config.st_ino  # written once, with the folder
-    modes = {os.path.relpath(p, tmp_path): os.stat(p).st_mode & 0o777 for p in (
-        os.path.join(d, f) for d, dirs, fs in os.walk(tmp_path) for f in dirs + fs)}
-    # transformers 4.x also writes vocab.txt and special_tokens_map.json: the same modes
-    assert {'ck/config.json', 'ck/model.safetensors', 'ck/tokenizer.json'} <= modes.keys()
-    files = dict.fromkeys(modes.keys() - {'ck', 'sub'}, 0o640)
-    assert modes == {'ck': 0o750, 'sub': 0o750, **files}
-    for mod, name in ((torch, 'load'), (pickle, 'load'), (pickle, 'loads')):
-        monkeypatch.setattr(mod, name, lambda *a, **k: pytest.fail('pickle used'))
-    loaded, tok2, meta = data.load_checkpoint(str(folder))
-    assert (meta['epoch'], meta['dev'], meta['arch'], meta['max_length']) == \
-        (7, {'f1': 0.5}, arch, 64)
-    for got, want in ((meta['extra'], extra), (loaded.state_dict(), model.state_dict())):
-        assert got.keys() == want.keys() and all(torch.equal(v, want[k]) for k, v in got.items())
-    assert loaded.hierarchy.labels == list(PARENTS) and loaded.prefix == model.prefix
-    assert tok2.convert_ids_to_tokens(tokens[0].tolist()) == TEXTS[0].split()
-    emb, dec = loaded.mlm.get_input_embeddings(), loaded.mlm.get_output_embeddings()
-    assert dec.weight is emb.weight  # still tied: training one trains the other
-    assert 'mlm.cls.predictions.decoder.weight' not in load_file(folder / data.WEIGHTS)  # once
-    after = lhmix.score_documents(loaded, tokens)
-    np.testing.assert_array_equal(before, after)
-    assert (before > 0).any() and not (before > 0).all()
-
-
-def _drop_a_weight(path):
-    meta = safe_open(path, 'pt').metadata()
-    save_file({k: v for k, v in load_file(path).items() if k != 'label_bias'}, path, meta)
-
-
-CORRUPT = '{c}: unreadable, truncated or corrupt ('
-
-
-@pytest.mark.parametrize('damage, ask, message', [
-    (lambda p: os.truncate(p, 0), None, CORRUPT + 'SafetensorError: '),
-    (lambda p: p.write_bytes(b'{}}}' + p.read_bytes()[4:]), None,
-     CORRUPT + 'SafetensorError: '),  # a garbled header
-    (lambda p: save_file(load_file(p), p), None, CORRUPT + "KeyError: 'lhmix'"),  # no metadata
-    (_drop_a_weight, None, CORRUPT + "ValueError: weights missing: ['label_bias']"),
-    (os.remove, None, '{c}: not an LH-Mix checkpoint (no model.safetensors)'),
-    (lambda p: os.remove(p.parent / 'tokenizer.json'), None,
-     '{c}: not an LH-Mix checkpoint (no tokenizer.json)'),
-    (None, lambda c: (c, lhmix.Hierarchy({'Sci': None})),
-     '{c}: its labels differ from those of the data'),
-    (None, lambda c: (c, lhmix.Hierarchy(dict(reversed(PARENTS.items())))),
-     '{c}: its labels differ from those of the data in their order (a taxonomy with its lines '),
-    (None, lambda c: (c.parent, None), '{r}: a run, not a checkpoint: pass {c}'),
-    (None, lambda c: (c / 'no', None), '{c}/no: no such checkpoint folder'),
-])
-def test_damaged_checkpoint_one_line(saved, tmp_path, damage, ask, message):
-    folder = shutil.copytree(saved, tmp_path / 'run' / 'best')
-    if damage:
-        damage(folder / data.WEIGHTS)
-    path, hierarchy = ask(folder) if ask else (folder, None)
-    msg = error(lambda: data.load_checkpoint(str(path), hierarchy=hierarchy))
-    assert msg.startswith(message.format(c=folder, r=folder.parent))
-
-
-def test_no_code_from_a_checkpoint_or_model_folder_runs(saved, tmp_path):
-    ck, model = shutil.copytree(saved, tmp_path / 'ck'), tmp_path / 'model'
-    for x in data.tiny_bert(TEXTS):
-        x.save_pretrained(model)
-    for folder in (ck, model):  # auto_map: transformers' way to ask for the folder's code
-        (folder / 'evil.py').write_text(f"open({str(tmp_path / 'ran')!r}, 'w')\nclass X: pass\n")
-        for name in ('config.json', 'tokenizer_config.json'):
-            path = folder / name
-            path.write_text(json.dumps({**json.loads(path.read_text()), 'auto_map': {
-                'AutoConfig': 'evil.X', 'AutoModelForMaskedLM': 'evil.X',
-                'AutoTokenizer': ['evil.X', 'evil.X']}}))
-    data.load_checkpoint(str(ck))
-    data.load_pretrained(str(model))
-    assert not (tmp_path / 'ran').exists()
-
-
-@pytest.mark.parametrize('killed', [False, True])
-def test_kill_during_save_leaves_the_old_checkpoint(saved, tmp_path, monkeypatch, killed):
-    """os.replace raising stands for a kill at the last instant before the switch; `killed` also
-    leaves the temporary file behind, as SIGKILL does."""
-    folder = shutil.copytree(saved, tmp_path / 'ck')
-    model, tok = tiny(seed=2)
-    monkeypatch.setattr(os, 'replace', lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
-    if killed:
-        monkeypatch.setattr(os, 'remove', lambda p: None)
-    for target in (folder, tmp_path / 'new'):
-        with pytest.raises(KeyboardInterrupt):
-            data.save_checkpoint(str(target), model, tok, {'epoch': 8})
-    monkeypatch.undo()
-    assert data.load_checkpoint(str(folder))[2]['epoch'] == 7
-    assert 'no model.safetensors' in error(lambda: data.load_checkpoint(str(tmp_path / 'new')))
-    left = [f for d in (tmp_path / 'new', folder) for f in os.listdir(d)]
-    assert sorted(left) == sorted(data.CHECKPOINT + ('.model.safetensors.tmp',) * (2 * killed))
-    data.save_checkpoint(str(folder), model, tok, {'epoch': 8})  # the next save is not in the way
-    data.save_checkpoint(str(tmp_path / 'new'), model, tok, {'epoch': 8})
-    assert [data.load_checkpoint(str(f))[2]['epoch'] for f in (folder, tmp_path / 'new')] == [8, 8]
-    assert sorted(os.listdir(tmp_path / 'new')) == sorted(data.CHECKPOINT)
-
-
-def test_a_pretrained_model_must_bring_its_encoder(saved, tmp_path, capsys):
+def test_a_pretrained_model_must_bring_its_config_tokenizer_and_encoder(tmp_path, capsys):
     mlm, tok = data.tiny_bert(TEXTS)
     for x in (mlm.base_model, tok):  # an encoder without the MLM head, as all-MiniLM-L6-v2
         x.save_pretrained(tmp_path / 'encoder')
@@ -612,8 +493,17 @@ def test_a_pretrained_model_must_bring_its_encoder(saved, tmp_path, capsys):
     assert capsys.readouterr().err.endswith(  # after transformers' progress bars
         f"warning: model '{tmp_path / 'encoder'}' has no MLM-head weights: the head starts "
         'random\n')
-    msg = error(lambda: data.load_pretrained(str(saved)))  # an LH-Mix checkpoint
+    ck = tmp_path / 'ck'  # an LH-Mix checkpoint
+    runs.save_checkpoint(str(ck), *tiny(), {})
+    msg = error(lambda: data.load_pretrained(str(ck)))
     tail = ('embeddings.LayerNorm.bias, ...): not a pretrained masked LM (to continue a run: '
             'train.py --resume; to score a checkpoint: evaluate.py --ckpt)')
-    assert re.fullmatch(re.escape(f"model '{saved}': 37 encoder weights missing (") + r'(bert\.)?'
+    assert re.fullmatch(re.escape(f"model '{ck}': 37 encoder weights missing (") + r'(bert\.)?'
                         + re.escape(tail), msg), msg  # transformers 4 names them without bert.
+    (tmp_path / 'empty').mkdir()  # transformers' own message would be of sentencepiece
+    assert error(lambda: data.load_pretrained(str(tmp_path / 'empty'))) == \
+        f"model '{tmp_path / 'empty'}': the folder holds no config.json"
+    for name in ('tokenizer.json', 'vocab.txt'):  # transformers 4 writes both, 5 the first
+        (tmp_path / 'encoder' / name).unlink(missing_ok=True)
+    assert error(lambda: data.load_pretrained(str(tmp_path / 'encoder'))) == \
+        f"model '{tmp_path / 'encoder'}': the folder holds no tokenizer.json or vocab.txt"

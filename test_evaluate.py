@@ -14,6 +14,7 @@ import torch  # noqa: E402
 import data  # noqa: E402
 import evaluate  # noqa: E402
 import lhmix  # noqa: E402
+import runs  # noqa: E402
 import train  # noqa: E402
 from test_data import TEXTS, tiny_model  # noqa: E402
 from test_lhmix import PARENTS  # noqa: E402
@@ -48,7 +49,7 @@ def test_evaluate_reproduces_test_metrics_and_rescores_its_predictions(run, tmp_
             '--save-predictions', str(p)]
     for _ in range(2):  # the second time over its own earlier outputs
         evaluate.main(argv)
-    test, ev = (json.loads(x.read_text()) for x in (run / evaluate.TEST_METRICS, e))
+    test, ev = (json.loads(x.read_text()) for x in (run / runs.TEST_METRICS, e))
     assert ev == {k: test[k] for k in ev}  # test_metrics.json has the run's epoch and args too
     h, splits = data.load_demo()
     pred = [[h.index[v] for v in json.loads(x)['labels']] for x in p.read_text().splitlines()]
@@ -79,7 +80,7 @@ def test_mistakes_end_in_one_error_line(run, tmp_path, monkeypatch, capsys, argv
     for name, text in (('notes.txt', 'keep me'), ('p.jsonl', '{"labels": []}\n'),
                        ('e.json', '{"micro_f1": 0.5, "macro_f1": 0.25}')):
         (tmp_path / name).write_text(text)
-    (tmp_path / 'link.json').symlink_to(run / 'best' / data.WEIGHTS)
+    (tmp_path / 'link.json').symlink_to(run / 'best' / runs.WEIGHTS)
     before = tree_state(tmp_path), tree_state(run)
     if argv[4:5] in (['--out'], ['--save-predictions']):
         monkeypatch.setattr(data, 'load_data', lambda *a, **k: pytest.fail('computed first'))
@@ -113,7 +114,7 @@ def test_texts_one_json_line_per_input_line(tmp_path, capsys):
     model.max_length = 32
     with torch.no_grad():  # Sci and optics on, quantum physics (between them) off
         model.label_bias.copy_(torch.tensor([9.0, -9.0, -9.0, -9.0, -9.0, 9.0]))
-    data.save_checkpoint(tmp_path / 'ck', model, tok, {})
+    runs.save_checkpoint(tmp_path / 'ck', model, tok, {})
     lines = [TEXTS[0], '', ' '.join(['light waves bend in glass'] * 20), TEXTS[2]]
     (tmp_path / 'in.txt').write_text('\n'.join(lines) + '\n', encoding='utf-8')
     evaluate.main(['--ckpt', str(tmp_path / 'ck'), '--texts', str(tmp_path / 'in.txt'),

@@ -255,10 +255,10 @@ def test_template_embeddings_batch_layout_mlm_masks_only_text_static_same_loss(t
     assert torch.equal(b['mlm_labels'][:n], a['mlm_labels'])
     model.eval()  # no dropout: the two calls see the same network
     with torch.no_grad():
-        assert model(**a).item() == pytest.approx(model(**b).item(), rel=1e-6)
+        assert model(**a)[0].item() == pytest.approx(model(**b)[0].item(), rel=1e-6)
     # MLM on but so rare that nothing is drawn, as in a short last batch: no MLM term, finite
     c = lhmix.make_batch(model, docs[:2], [[0], [1]], 8, np.random.default_rng(0), 1e-12)
-    assert 'mlm_pos' not in c and torch.isfinite(model(**c))
+    assert 'mlm_pos' not in c and torch.isfinite(model(**c)[0])
 
 
 def bce(scores, y):  # -y log sigmoid(s) - (1 - y) log(1 - sigmoid(s)), mean over labels
@@ -286,9 +286,9 @@ def test_forward_and_predict_follow_eqs_1_5_6_7_bert_arch_linear_on_cls_with_bce
         plain = zmlce_refs(scores(h), y, valid)[0].sum(1).mean()
         mixed = scores(lam[:, None, None] * h + (1 - lam[:, None, None]) * h[perm])  # Eqs. 5-6
         L_i, L_j = zmlce_refs(mixed, y, valid)[0], zmlce_refs(mixed, y[perm.numpy()], valid)[0]
-        assert model(**b).item() == pytest.approx(plain, rel=1e-5)
+        assert model(**b) == (pytest.approx(plain, rel=1e-5), None)
         eq7 = (l * L_i + (1 - l) * L_j).sum(1).mean()
-        assert model(**b, partner=perm, lam=lam).item() == pytest.approx(eq7, rel=1e-5)
+        assert model(**b, partner=perm, lam=lam)[0].item() == pytest.approx(eq7, rel=1e-5)
         # prediction: at depth d, the labels of depth d whose score is > 0
         s = scores(h).numpy()
         expected = np.array([[s[n, DEPTHS[v] - 1, v] > 0 for v in range(6)] for n in range(3)])
@@ -312,10 +312,10 @@ def test_forward_and_predict_follow_eqs_1_5_6_7_bert_arch_linear_on_cls_with_bce
         cls = model.encode(b['input_ids'], b['attention_mask'])[:, 0]
         s, t = (cls @ W.t() + bias).double(), b['targets'].double()
         mixed = ((lam[:, None] * cls + (1 - lam[:, None]) * cls[perm]) @ W.t() + bias).double()
-        assert model(**b).item() == pytest.approx(F.binary_cross_entropy_with_logits(s, t).item())
-        assert model(**b).item() == pytest.approx(bce(s, t.numpy()).mean())
+        assert model(**b)[0].item() == pytest.approx(F.binary_cross_entropy_with_logits(s, t).item())
+        assert model(**b)[0].item() == pytest.approx(bce(s, t.numpy()).mean())
         eq7 = (l[:, 0] * bce(mixed, t.numpy()) + (1 - l[:, 0]) * bce(mixed, t[perm].numpy())).mean()
-        assert model(**b, partner=perm, lam=lam).item() == pytest.approx(eq7, rel=1e-6)
+        assert model(**b, partner=perm, lam=lam)[0].item() == pytest.approx(eq7, rel=1e-6)
         assert np.array_equal(model.label_scores(**{k: b[k] for k in feed}) > 0, s > 0)
 
 
@@ -335,17 +335,17 @@ def test_one_packed_row_gives_the_loss_and_gradients_of_one_document_a_row(arch,
     docs = [rng.integers(5, len(tok), int(k)) for k in rng.integers(3, 40, 7)]
     labels = [[0, 2], [1, 4], [0, 2, 3, 5], [1], [0], [1, 4], [0, 2, 5]]
     partner = torch.tensor([3, 0, 6, 1, 2, 5, 4])
-    lam = torch.tensor([0.9, 0.5, 0.7, 0.6, 1.0, 0.55, 0.8], dtype=torch.float64)
-    if mix == 'lhmix':  # Eqs. 3-4 from a table, as train.py's step
-        table = torch.randn(7, 16, dtype=torch.float64)
-        lam = lhmix.pair_ratios(table, partner, 1.0, 0.75)
+    mixing = {'partner': partner, 'lam': torch.tensor([0.9, 0.5, 0.7, 0.6, 1.0, 0.55, 0.8])}
+    if mix == 'lhmix':  # Eqs. 3-4 from the model's table, as train.py's step
+        model.use_local_hierarchies(torch.randn(7, 16, device=dev), 1.0, 0.75)
+        mixing = {'partner': partner, 'hierarchy_ids': torch.arange(7)}
     out = []
     for pack in (False, True):
         b = lhmix.make_batch(model, docs, labels, 8, np.random.default_rng(1),
                              0.15 if arch == 'prompt' else 0, pack=pack)
         model.zero_grad(set_to_none=True)
         with lhmix.autocast(dev):
-            loss = model(**lhmix.to_device(b, dev), partner=partner.to(dev), lam=lam.to(dev))
+            loss, _ = model(**lhmix.to_device({**b, **mixing}, dev))
         loss.backward()
         out.append((loss.item(), [p.grad for p in model.parameters()], b['input_ids'].shape))
     (whole, grads, shape), (packed, packed_grads, packed_shape) = out

@@ -1,8 +1,8 @@
 """Speed of LH-Mix against the bare encoder it sits on, in one run on one device.
 
-    python tools/bench.py                    # bert-base sizes, WOS-like lengths, on the GPU
-    python tools/bench.py --epoch            # two graphed train.py epochs at WOS's size, Mixup on
-    python tools/bench.py --steps 3 --rounds 2   # a smoke test (on a CPU: tiny sizes)
+    python tools/bench.py            # on a GPU: bert-base sizes, WOS-like lengths (minutes)
+    python tools/bench.py --epoch    # two graphed train.py epochs at WOS's size, Mixup on
+    python tools/bench.py            # on a CPU: a smoke test at tiny sizes (about 20 s)
 
 The limit is the GPU-kernel time of the floor: the bare encoder's forward + backward + Adam.
 Weights are random: speed does not depend on them.
@@ -12,6 +12,7 @@ import functools
 import os
 import sys
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -30,21 +31,26 @@ FLOOR = ('input_ids', 'attention_mask')
 
 p = argparse.ArgumentParser(description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-p.add_argument('--size', choices=SIZES, help='bert-base or a tiny BERT (default: base on a GPU)')
-p.add_argument('--batch', type=int, default=16)
-p.add_argument('--steps', type=int, default=30, help='batches per timed pass')
-p.add_argument('--rounds', type=int, default=9, help='timed passes (median reported)')
+p.add_argument('--size', choices=SIZES,
+               help='bert-base or a tiny BERT (default: base on a GPU, tiny on a CPU)')
+p.add_argument('--batch', type=int, default=16,
+               help="documents a step (default: %(default)s, train.py's)")
+p.add_argument('--steps', type=int, help='batches per timed pass (default: 30 on a GPU, 3 on a CPU)')
+p.add_argument('--rounds', type=int,
+               help='timed passes, the median reported (default: 9 on a GPU, 2 on a CPU)')
 p.add_argument('--device', type=evaluate.device,
                default='cuda' if torch.cuda.is_available() else 'cpu',
                help='cpu, cuda or cuda:N (default: cuda if there is one)')
 p.add_argument('--epoch', action='store_true',
                help="instead: two train.py epochs at WOS's size with Mixup (LH-Mix)")
 args = p.parse_args()
-if min(args.batch, args.steps, args.rounds) < 1:
-    p.error('--batch, --steps and --rounds must be >= 1')
 device = args.device
 cuda, why_not = device.type == 'cuda', train.cuda_graphs_unavailable(device)
-args.size = args.size or ('base' if cuda else 'tiny')
+args.size, args.steps, args.rounds = (args.size or ('base' if cuda else 'tiny'),
+                                      args.steps or (30 if cuda else 3),
+                                      args.rounds or (9 if cuda else 2))
+if min(args.batch, args.steps, args.rounds) < 1:
+    p.error('--batch, --steps and --rounds must be >= 1')
 ways = ['eager'] + ([] if why_not else ['graphed'])
 table = torch.randn(64, SIZES[args.size][0], device=device)  # LH-Mix's: 64 hierarchies
 print(f"{torch.cuda.get_device_name(device) if cuda else 'CPU'}, torch {torch.__version__}, "
@@ -56,8 +62,11 @@ def make_model():
     h, layers, heads, vocab, _, _ = SIZES[args.size]
     mlm = BertForMaskedLM(BertConfig(vocab_size=vocab, hidden_size=h, num_hidden_layers=layers,
                                      num_attention_heads=heads, intermediate_size=4 * h))
-    return lhmix.LHMix(mlm, lhmix.Hierarchy(PARENTS), 'prompt', vocab,
-                       {'pad': 0, 'cls': 2, 'sep': 3, 'mask': 4}).to(device)
+    model = lhmix.LHMix(mlm, lhmix.Hierarchy(PARENTS), 'prompt', vocab,
+                        {'pad': 0, 'cls': 2, 'sep': 3, 'mask': 4}).to(device)
+    d, _ = train.parse(['--data', 'wos'])  # LH-Mix at train.py's defaults
+    model.use_local_hierarchies(table, d.alpha, d.beta)
+    return model
 
 
 def documents(n, rng):
@@ -68,10 +77,9 @@ def documents(n, rng):
     return docs, [[int(rng.integers(7)), 7 + int(rng.integers(134))] for _ in docs]
 
 
-def make_step(model, graphs, table=None):
+def make_step(model, graphs):
     """train.py's step, at its default settings."""
-    d, _ = train.parse(['--data', 'wos'])
-    return train.make_step(model, d.lr, graphs, table, d.alpha, d.beta)[0]
+    return train.make_step(model, train.parse(['--data', 'wos'])[0].lr, graphs)[0]
 
 
 class Floor(torch.nn.Module):
@@ -81,9 +89,9 @@ class Floor(torch.nn.Module):
         super().__init__()
         self.encoder = encoder
 
-    def forward(self, input_ids, attention_mask, lam=None):  # make_step passes lam
+    def forward(self, input_ids, attention_mask):
         out = self.encoder(input_ids=input_ids, attention_mask=attention_mask)
-        return out.last_hidden_state.float().square().mean()
+        return out.last_hidden_state.float().square().mean(), None  # (loss, lambda), as LHMix
 
 
 def timed(step, keys, b):
@@ -120,11 +128,12 @@ if args.epoch:  # Mixup from the first epoch, which captures most graphs
     docs, labels = documents(30070, np.random.default_rng(0))
     targs, _ = train.parse(['--data', 'wos', '--warmup-epochs', '0', '--batch', str(args.batch),
                             '--device', str(device)])
-    step = make_step(model, not why_not, table)
+    step = make_step(model, not why_not)
+    run = SimpleNamespace(args=targs, model=model, tokens={'train': docs}, gold={'train': labels},
+                          extra={'hierarchy_ids': torch.arange(len(docs)) % 64})  # train.Run's
     for epoch in (0, 1):
         t0 = time.perf_counter()
-        train.train_epoch(model, step, docs, labels, torch.arange(len(docs)) % 64, targs, epoch,
-                          tqdm(disable=True))
+        train.train_epoch(run, step, epoch, tqdm(disable=True))
         print(f'{ways[-1]} LH-Mix epoch {epoch} of {len(docs)} documents: '
               f'{time.perf_counter() - t0:.1f} s'
               + (f', {len(step.graphs)} graphs captured so far' if not why_not else '') + memory())
@@ -141,19 +150,19 @@ runs, steps = {}, {}
 for way in ways:
     graphed = way == 'graphed'
     floor, model = make_step(Floor(make_model().mlm.base_model), graphed), make_model()
-    steps[way] = step = make_step(model, graphed, table)
+    steps[way] = step = make_step(model, graphed)
     for mixing, order in enumerate(orders):
-        bs = []  # train.py's batches, with table rows and partners, on the CPU
+        bs = []  # train.py's batches, with local hierarchies and partners, on the CPU
         for i, idx in enumerate(order):
             r = np.random.default_rng(i)  # the same eager and graphed
             b = lhmix.make_batch(model, [docs[j] for j in idx], [labels[j] for j in idx],
                                  lhmix.pad_multiple(device), r, train.MLM_RATE, graphed,
                                  mixing and graphed)
-            bs.append(dict(b, rows=torch.tensor(idx % 64),
+            bs.append(dict(b, hierarchy_ids=torch.tensor(idx % 64),
                            partner=torch.tensor(r.permutation(len(idx)))))
-        keys = [k for k in bs[0] if k not in ('rows', 'partner')]
+        keys = [k for k in bs[0] if k not in ('hierarchy_ids', 'partner')]
         named = [('floor', floor, FLOOR), ('Prompt', step, keys),
-                 ('LH-Mix', step, keys + ['rows', 'partner'])]
+                 ('LH-Mix', step, keys + ['hierarchy_ids', 'partner'])]
         for name, fn, keys in named[2 * mixing:]:  # random batches: LH-Mix only
             runs[f'{name}, {way}' + (', random batches' if mixing else '')] = (
                 functools.partial(timed, fn, keys), bs)
@@ -187,4 +196,4 @@ if cuda:
         t = torch.rand(n, L, device=device) < 0.05
         ms = compare({k: (lambda _, f=f: f(s, t).sum().backward(), [None] * 20) for k, f
                       in (('fused', lhmix.zmlce), ('plain', lhmix.plain_zmlce))})
-        print(f"{n} rows x {L} labels: {ms['fused']:.3f} ms vs {ms['plain']:.3f} ms")
+        print(f"{n} score vectors x {L} labels: {ms['fused']:.3f} ms vs {ms['plain']:.3f} ms")

@@ -11,7 +11,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import data  # noqa: E402
+import runs  # noqa: E402
 
 
 def ranks(emb, v):
@@ -21,31 +21,17 @@ def ranks(emb, v):
     return {u: i for i, u in enumerate(order, 1)}, cos
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('--ckpt', required=True, help='a checkpoint train.py wrote, such as RUN/best')
-    p.add_argument('--label', required=True, help='a label, by its key or its name')
-    p.add_argument('--top', type=int, default=15, help='how many nearest labels (default 15: the '
-                   "paper's outer sphere)")
-    args = p.parse_args(argv)
-    if args.top < 1:
-        p.error('--top must be >= 1')
-    try:
-        model, _, meta = data.load_checkpoint(args.ckpt)
-        h, top = model.hierarchy, args.top
-        hits = [u for u, name in enumerate(h.names)
-                if args.label == h.labels[u] or args.label.lower() == name.lower()]
-        if len(hits) != 1:
-            raise ValueError(f'label {args.label!r} is ambiguous: ' + ', '.join(
-                h.labels[u] for u in hits) if hits else
-                f"label {args.label!r} is not in the checkpoint's hierarchy")
-        if 'labels_at_init' not in meta['extra']:
-            raise ValueError(f'{args.ckpt}: holds no initial label embeddings (not a train.py run)')
-    except OSError as e:
-        sys.exit(f'error: {e.filename}: {e.strerror}')
-    except ValueError as e:
-        sys.exit(f'error: {e}')
+def similar(args):
+    model, _, meta = runs.load_checkpoint(args.ckpt)
+    h, top = model.hierarchy, args.top
+    hits = [u for u, name in enumerate(h.names)
+            if args.label == h.labels[u] or args.label.lower() == name.lower()]
+    if len(hits) != 1:
+        raise ValueError(f'label {args.label!r} is ambiguous: ' + ', '.join(
+            h.labels[u] for u in hits) if hits else
+            f"label {args.label!r} is not in the checkpoint's hierarchy")
+    if 'labels_at_init' not in meta['extra']:
+        raise ValueError(f'{args.ckpt}: holds no initial label embeddings (not a train.py run)')
     v = hits[0]
     at_init, _ = ranks(meta['extra']['labels_at_init'], v)
     trained, cos = ranks(model.label_embeddings().detach(), v)
@@ -58,6 +44,19 @@ def main(argv=None):
                   f'{h.labels[u]} ({h.names[u]})')
     k, kept = min(top, len(trained)), sum(max(trained[u], at_init[u]) <= top for u in trained)
     print(f'{kept} of the top {k} after training were in the top {k} at initialisation')
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--ckpt', required=True, help='a checkpoint train.py wrote, such as RUN/best')
+    p.add_argument('--label', required=True, help='a label, by its key or its name')
+    p.add_argument('--top', type=int, default=15, help='how many nearest labels (default 15: the '
+                   "paper's outer sphere)")
+    args = p.parse_args(argv)
+    if args.top < 1:
+        p.error('--top must be >= 1')
+    runs.exit_on_error(similar, args)
 
 
 if __name__ == '__main__':

@@ -15,16 +15,17 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import data  # noqa: E402
 import evaluate  # noqa: E402
+import runs  # noqa: E402
 
 NOT_SETTINGS = ('seed', 'data_dir')  # a run's arguments that do not change what it measures
 
 
-def summary(runs):
+def summary(folders):
     """Each run once, grouped by setting: n, mean +- sd, Welch's p against the first group, and
     Fig. 7's macro-F1 per depth and label-frequency quartile."""
     groups = {}
-    for run in dict.fromkeys(os.path.realpath(r) for r in runs):
-        path = os.path.join(run, evaluate.TEST_METRICS)
+    for run in dict.fromkeys(os.path.realpath(r) for r in folders):
+        path = os.path.join(run, runs.TEST_METRICS)
         try:
             with open(path, encoding='utf-8') as f:
                 m = json.load(f)
@@ -62,9 +63,9 @@ def summary(runs):
     return rows
 
 
-def read_predictions(path, hierarchy, n):
-    """(n, V) bool of a file with a line {"labels": [label, ...]} a document."""
-    lines = [(number, line) for number, line in data.read_lines(path) if line.strip()]
+def read_predictions(path, lines, hierarchy, n):
+    """(n, V) bool of the lines of a file with a line {"labels": [label, ...]} a document."""
+    lines = [(number, line) for number, line in lines if line.strip()]
     if len(lines) != n:
         raise ValueError(f'{path}: {len(lines)} predictions for {n} documents')
     pred = np.zeros((n, len(hierarchy)), dtype=bool)
@@ -82,6 +83,15 @@ def read_predictions(path, hierarchy, n):
     return pred
 
 
+def score_predictions(args):
+    lines = data.read_lines(args.predictions)  # the user's file, before the data set is loaded
+    hierarchy, splits = data.load_data(args.data, args.data_dir)
+    docs = splits[args.split]
+    pred = read_predictions(args.predictions, lines, hierarchy, len(docs))
+    evaluate.print_report(args.split, evaluate.report(
+        pred, [ls for _, ls in docs], hierarchy, [ls for _, ls in splits['train']]))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -94,19 +104,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if bool(args.runs) == bool(args.predictions and args.data):
         p.error('give run folders, or --predictions and --data')
-    try:
-        if args.runs:
-            summary(args.runs)
-        else:
-            hierarchy, splits = data.load_data(args.data, args.data_dir)
-            docs = splits[args.split]
-            pred = read_predictions(args.predictions, hierarchy, len(docs))
-            evaluate.print_report(args.split, evaluate.report(
-                pred, [ls for _, ls in docs], hierarchy, [ls for _, ls in splits['train']]))
-    except OSError as e:
-        sys.exit(f'error: {e.filename}: {e.strerror}' if e.filename else f'error: {e}')
-    except ValueError as e:
-        sys.exit(f'error: {e}')
+    runs.exit_on_error(summary if args.runs else score_predictions, args.runs or args)
 
 
 if __name__ == '__main__':

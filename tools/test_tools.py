@@ -13,6 +13,7 @@ TOOLS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(TOOLS))
 import data  # noqa: E402
 import evaluate  # noqa: E402
+import runs  # noqa: E402
 import similar  # noqa: E402
 import summary  # noqa: E402
 import train  # noqa: E402
@@ -44,7 +45,7 @@ def test_summary_groups_by_setting_with_welch_p_values(tmp_path, capsys, monkeyp
 
     def fake_run(name, micro, macro, **args):  # a finished run's test_metrics.json
         (tmp_path / name).mkdir()
-        (tmp_path / name / evaluate.TEST_METRICS).write_text(json.dumps({
+        (tmp_path / name / runs.TEST_METRICS).write_text(json.dumps({
             'micro_f1': micro, 'macro_f1': macro, 'per_depth': {'1': {'macro_f1': macro}},
             'by_frequency': [{'macro_f1': macro / (q + 1)} for q in range(4)],
             'args': {'data': 'demo', 'mix': 'lhmix', 'seed': 0, **args}}))
@@ -77,7 +78,7 @@ def test_summary_groups_by_setting_with_welch_p_values(tmp_path, capsys, monkeyp
 def test_summary_of_a_run_and_of_its_saved_predictions(run, tmp_path, capsys):
     p = tmp_path / 'p.jsonl'
     evaluate.main(['--ckpt', str(run / 'best'), '--data', 'demo', '--save-predictions', str(p)])
-    test = json.loads((run / evaluate.TEST_METRICS).read_text())
+    test = json.loads((run / runs.TEST_METRICS).read_text())
     capsys.readouterr()
     summary.main(['--predictions', str(p), '--data', 'demo'])
     first = capsys.readouterr().out.splitlines()[0]
@@ -107,7 +108,7 @@ def test_bad_prediction_lines(tmp_path, bad_line, message):
 
 def test_label_case_study_on_a_demo_run(run, capsys):
     """Fig. 6: ranks by cosine at initialisation (kept in the checkpoint) and after training."""
-    model, _, meta = data.load_checkpoint(str(run / 'best'))
+    model, _, meta = runs.load_checkpoint(str(run / 'best'))
     h, v, top = model.hierarchy, model.hierarchy.names.index('optics'), 3
 
     def ranks(emb):  # by hand: sort by cosine to v (ties by id), 1 = nearest

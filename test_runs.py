@@ -1,0 +1,149 @@
+"""Tests of runs.py's checkpoints: a round trip, no pickle and no code run, one line for each damage
+(naming the file), a kill during a save. The run folder's rules are tested through train.py in
+test_train.py. Expected values are the saved model's own outputs or worked by hand."""
+import json
+import os
+import pickle
+import shutil
+
+os.environ['HF_HUB_OFFLINE'] = '1'  # never reach the hub, whatever a test does
+os.environ['TRANSFORMERS_OFFLINE'] = '1'
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from safetensors.torch import load_file, safe_open, save_file  # noqa: E402
+
+import data  # noqa: E402
+import lhmix  # noqa: E402
+import runs  # noqa: E402
+from test_data import PARENTS, TEXTS, error, tiny  # noqa: E402
+
+
+@pytest.fixture(scope='module')
+def saved(tmp_path_factory):
+    model, tok = tiny()
+    folder = tmp_path_factory.mktemp('ck') / 'best'
+    runs.save_checkpoint(str(folder), model, tok, {'epoch': 7}, {'table': torch.arange(6.)})
+    return folder
+
+
+@pytest.mark.parametrize('arch', ['prompt', 'bert'])
+def test_checkpoint_round_trip_without_pickle_in_the_umask_modes(tmp_path, monkeypatch, arch):
+    model, tok = tiny(arch)
+    tokens, _ = lhmix.tokenize(tok, TEXTS * 3, 50)
+    before = lhmix.score_documents(model, tokens)
+    folder = tmp_path / 'ck'
+    old = os.umask(0o027)
+    try:
+        runs.save_checkpoint(str(folder), model, tok, {'epoch': 6})
+        config = os.stat(folder / 'config.json')
+        extra = {'step': torch.tensor([5]), 'table': torch.randn(3, 4, dtype=torch.float64)}
+        runs.save_checkpoint(str(folder), model, tok, {'epoch': 7, 'dev': {'f1': 0.5}}, extra)
+        data.write_whole(str(tmp_path / 'sub' / 'm.json'), '{}\n')
+    finally:
+        os.umask(old)
+    assert os.stat(folder / 'config.json').st_ino == config.st_ino  # written once, with the folder
+    modes = {os.path.relpath(p, tmp_path): os.stat(p).st_mode & 0o777 for p in (
+        os.path.join(d, f) for d, dirs, fs in os.walk(tmp_path) for f in dirs + fs)}
+    # transformers 4.x also writes vocab.txt and special_tokens_map.json: the same modes
+    assert {'ck/config.json', 'ck/model.safetensors', 'ck/tokenizer.json'} <= modes.keys()
+    files = dict.fromkeys(modes.keys() - {'ck', 'sub'}, 0o640)
+    assert modes == {'ck': 0o750, 'sub': 0o750, **files}
+    for mod, name in ((torch, 'load'), (pickle, 'load'), (pickle, 'loads')):
+        monkeypatch.setattr(mod, name, lambda *a, **k: pytest.fail('pickle used'))
+    loaded, tok2, meta = runs.load_checkpoint(str(folder))
+    assert (meta['epoch'], meta['dev'], meta['arch'], meta['max_length']) == \
+        (7, {'f1': 0.5}, arch, 64)
+    for got, want in ((meta['extra'], extra), (loaded.state_dict(), model.state_dict())):
+        assert got.keys() == want.keys() and all(torch.equal(v, want[k]) for k, v in got.items())
+    assert loaded.hierarchy.labels == list(PARENTS) and loaded.prefix == model.prefix
+    assert tok2.convert_ids_to_tokens(tokens[0].tolist()) == TEXTS[0].split()
+    emb, dec = loaded.mlm.get_input_embeddings(), loaded.mlm.get_output_embeddings()
+    assert dec.weight is emb.weight  # still tied: training one trains the other
+    assert 'mlm.cls.predictions.decoder.weight' not in load_file(folder / runs.WEIGHTS)  # once
+    after = lhmix.score_documents(loaded, tokens)
+    np.testing.assert_array_equal(before, after)
+    assert (before > 0).any() and not (before > 0).all()
+
+
+def _drop_a_weight(path):
+    meta = safe_open(path, 'pt').metadata()
+    save_file({k: v for k, v in load_file(path).items() if k != 'label_bias'}, path, meta)
+
+
+def _narrower(path):  # config.json edited: hidden_size 64 instead of the weights' 128
+    config = path.parent / 'config.json'
+    config.write_text(json.dumps({**json.loads(config.read_text()), 'hidden_size': 64}))
+
+
+CORRUPT = '{c}/model.safetensors: unreadable, truncated or corrupt ('
+
+
+@pytest.mark.parametrize('damage, ask, message', [
+    (lambda p: os.truncate(p, 0), None, CORRUPT + 'SafetensorError: '),
+    (lambda p: os.truncate(p, 100), None, CORRUPT + 'SafetensorError: '),
+    (lambda p: p.write_bytes(b'{}}}' + p.read_bytes()[4:]), None,
+     CORRUPT + 'SafetensorError: '),  # a garbled header
+    (lambda p: save_file(load_file(p), p), None, CORRUPT + "KeyError: 'lhmix')"),  # no metadata
+    (_drop_a_weight, None, '{c}/model.safetensors: label_bias missing'),
+    (_narrower, None, '{c}/model.safetensors: mlm.bert.embeddings.LayerNorm.bias is (128,) here, '
+     '(64,) by config.json (and 38 more)'),
+    (os.remove, None, '{c}: not an LH-Mix checkpoint (no model.safetensors)'),
+    (lambda p: os.remove(p.parent / 'tokenizer.json'), None,
+     '{c}: not an LH-Mix checkpoint (no tokenizer.json)'),
+    (None, lambda c: (c, lhmix.Hierarchy({'Sci': None})),
+     '{c}: its labels differ from those of the data'),
+    (None, lambda c: (c, lhmix.Hierarchy(dict(reversed(PARENTS.items())))),
+     '{c}: its labels differ from those of the data in their order (a taxonomy with its lines '),
+    (None, lambda c: (c.parent, None), '{r}: a run, not a checkpoint: pass {c}'),
+    (None, lambda c: (c / 'no', None), '{c}/no: no such checkpoint folder'),
+])
+def test_damaged_checkpoint_one_line(saved, tmp_path, damage, ask, message):
+    folder = shutil.copytree(saved, tmp_path / 'run' / 'best')
+    if damage:
+        damage(folder / runs.WEIGHTS)
+    path, hierarchy = ask(folder) if ask else (folder, None)
+    msg = error(lambda: runs.load_checkpoint(str(path), hierarchy=hierarchy))
+    assert msg.startswith(message.format(c=folder, r=folder.parent)) and len(msg) < 300, msg
+
+
+def test_no_code_from_a_checkpoint_or_model_folder_runs(saved, tmp_path):
+    ck, model = shutil.copytree(saved, tmp_path / 'ck'), tmp_path / 'model'
+    for x in data.tiny_bert(TEXTS):
+        x.save_pretrained(model)
+    for folder in (ck, model):  # auto_map: transformers' way to ask for the folder's code
+        (folder / 'evil.py').write_text(f"open({str(tmp_path / 'ran')!r}, 'w')\nclass X: pass\n")
+        for name in ('config.json', 'tokenizer_config.json'):
+            path = folder / name
+            path.write_text(json.dumps({**json.loads(path.read_text()), 'auto_map': {
+                'AutoConfig': 'evil.X', 'AutoModelForMaskedLM': 'evil.X',
+                'AutoTokenizer': ['evil.X', 'evil.X']}}))
+    runs.load_checkpoint(str(ck))
+    data.load_pretrained(str(model))
+    assert not (tmp_path / 'ran').exists()
+
+
+@pytest.mark.parametrize('killed', [False, True])
+def test_kill_during_save_leaves_the_old_checkpoint(saved, tmp_path, monkeypatch, killed):
+    """os.replace raising stands for a kill at the last instant before the switch; `killed` also
+    leaves the temporary file behind, as SIGKILL does."""
+    folder = shutil.copytree(saved, tmp_path / 'ck')
+    model, tok = tiny(seed=2)
+    monkeypatch.setattr(os, 'replace', lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    if killed:
+        monkeypatch.setattr(os, 'remove', lambda p: None)
+    for target in (folder, tmp_path / 'new'):
+        with pytest.raises(KeyboardInterrupt):
+            runs.save_checkpoint(str(target), model, tok, {'epoch': 8})
+    monkeypatch.undo()
+    assert runs.load_checkpoint(str(folder))[2]['epoch'] == 7
+    assert 'not an LH-Mix checkpoint (no tokenizer.json' in error(
+        lambda: runs.load_checkpoint(str(tmp_path / 'new')))
+    left = [f for d in (tmp_path / 'new', folder) for f in os.listdir(d)]
+    assert sorted(left) == sorted(runs.CHECKPOINT + (  # the first file of each save
+        '.model.safetensors.tmp', '.tokenizer.json.tmp') * killed)
+    runs.save_checkpoint(str(folder), model, tok, {'epoch': 8})  # the next save is not in the way
+    runs.save_checkpoint(str(tmp_path / 'new'), model, tok, {'epoch': 8})
+    assert [runs.load_checkpoint(str(f))[2]['epoch'] for f in (folder, tmp_path / 'new')] == [8, 8]
+    assert sorted(os.listdir(tmp_path / 'new')) == sorted(runs.CHECKPOINT)
