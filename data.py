@@ -1,5 +1,5 @@
 """The data sets (WOS as HPT builds it, HiAGM/HPT folders such as NYT and RCV1-V2, a demo), the
-pretrained model a run starts from, and files read and written whole."""
+pretrained model a run starts from, files read and written whole."""
 import io
 import json
 import math
@@ -29,14 +29,14 @@ def read_lines(path):
 
 
 def temporary(path):
-    """Where write_whole writes `path` before renaming it over: .NAME.tmp beside it."""
+    """write_whole's temporary file for `path`: .NAME.tmp beside it."""
     folder, name = os.path.split(path)
     return os.path.join(folder, f'.{name}.tmp')
 
 
 def write_whole(path, text):
-    """Writes `path` (str or bytes) whole or not at all, making its folder: a synced temporary file
-    is renamed over it, or removed on any failure (disk full, Ctrl-C). An OSError names `path`."""
+    """Writes `text` (str or bytes) to `path` whole or not at all, making its folder: a synced
+    temporary renamed over it, removed on any failure (disk full, Ctrl-C). OSErrors name `path`."""
     folder, tmp = os.path.dirname(os.path.abspath(path)), temporary(path)
     try:
         os.makedirs(folder, exist_ok=True)
@@ -56,11 +56,10 @@ def write_whole(path, text):
         raise
 
 
-# -----------------------------------------------------------------------------
 # WOS-46985, as HPT's preprocess_wos.py and data_wos.py build it
 
 WOS_FILE = 'c9ea673d-5542-44c0-ab7b-f1311f7d61df'  # WebOfScience.zip, Mendeley Data 9rw3vkcfy4 v6
-# the public-files form is what code since 2025 fetches; the old one, Hugging Face's in 2021
+# the first is what code fetches since 2025; the second, Hugging Face's in 2021
 WOS_URLS = (f'https://data.mendeley.com/public-files/datasets/9rw3vkcfy4/files/{WOS_FILE}/'
             'file_downloaded', f'https://data.mendeley.com/datasets/9rw3vkcfy4/6/files/{WOS_FILE}/'
             'WebOfScience.zip?dl=1')
@@ -77,7 +76,7 @@ def clean_str(text):
 
 def wos_split(n):
     """HPT's split: np.random.seed(7) shuffle, then twice sklearn's train_test_split(test_size=0.2,
-    random_state=0), which is RandomState(0).permutation, test = its first ceil(0.2 n)."""
+    random_state=0): RandomState(0).permutation, test its first ceil(0.2 n)."""
     ids = np.arange(n)
     np.random.RandomState(7).shuffle(ids)
 
@@ -143,8 +142,8 @@ def _data_xlsx(archive):
 
 
 def _download_wos(path):
-    """From the first of WOS_URLS that gives the zip (Mendeley answers a script's User-Agent with
-    a sign-in page)."""
+    """From the first of WOS_URLS that gives the zip (to a script's User-Agent Mendeley answers
+    with a sign-in page)."""
     import http.client
     import urllib.request
     failed = []
@@ -161,14 +160,14 @@ def _download_wos(path):
             failed.append(f'{url}: {e}')
     folder = os.path.dirname(path)
     raise ValueError(f'WOS is not in {folder} and could not be downloaded ({"; ".join(failed)}); '
-                     'download WebOfScience.zip from one of these by hand and put it, or Data.txt '
-                     f'or Data.xlsx from its Meta-data/, in {folder} (or pass --data-dir)')
+                     'put WebOfScience.zip from one of these, or Data.txt or Data.xlsx from its '
+                     f'Meta-data/, in {folder} (or pass --data-dir)')
 
 
 def load_wos(folder):
-    """WOS-46985 as HPT's preprocess_wos.py + data_wos.py build it, from Data.txt, Data.xlsx or
-    WebOfScience.zip (downloaded if none is there): text clean_str(Abstract), labels Domain ->
-    area, numbered as data_wos.py does (domains, then areas, by first appearance)."""
+    """WOS-46985 as HPT builds it, from Data.txt, Data.xlsx or WebOfScience.zip (downloaded if
+    none is there): clean_str(Abstract), labels Domain -> area, numbered as data_wos.py does
+    (domains, then areas, by first appearance)."""
     txt, xlsx, archive = (os.path.join(folder, f) for f in
                           ('Data.txt', 'Data.xlsx', 'WebOfScience.zip'))
     if os.path.exists(txt):
@@ -200,8 +199,8 @@ def load_wos(folder):
     domains = list(dict.fromkeys(d for d, _ in pairs))
     areas = list(dict.fromkeys(pairs))
     owners = Counter(a for _, a in areas)
-    # data_wos.py keys labels by name: an area name under two domains (or a domain's name) would
-    # have two parents, so such an area keeps its domain in its key. The full WOS file has none.
+    # data_wos.py keys labels by name: an area named as another domain's area, or as a domain,
+    # keeps its domain in its key (the full WOS file has none)
     key = {(d, a): a if owners[a] == 1 and a not in domains else f'{a} ({d})' for d, a in areas}
     h = Hierarchy({**dict.fromkeys(domains), **{key[p]: p[0] for p in areas}},
                   {**{d: d for d in domains}, **{key[p]: p[1] for p in areas}})
@@ -209,7 +208,6 @@ def load_wos(folder):
     return h, {s: [docs[i] for i in idx] for s, idx in zip(('train', 'dev', 'test'), parts)}
 
 
-# -----------------------------------------------------------------------------
 # HiAGM/HPT-format folders
 
 def read_taxonomy(path):
@@ -231,8 +229,8 @@ def read_taxonomy(path):
 
 def load_hiagm(folder):
     """HiAGM's format: *_train.json, *_dev.json (or *_val.json), *_test.json (a JSON object a line),
-    one *.taxonomy (HPT's WOS: wos.taxnomy), optionally label_names.tsv (code<TAB>name); labels
-    by name or, as HPT's data_*.py write them, by id with value_dict.pt. Closed upward."""
+    one *.taxonomy (HPT's WOS: wos.taxnomy), label_names.tsv if any; labels by name or, as HPT's
+    data_*.py write them, by id with value_dict.pt. Closed upward."""
     files = sorted(os.listdir(folder))
     own = os.path.basename(os.path.normpath(folder)) + '_'
 
@@ -278,7 +276,7 @@ def load_hiagm(folder):
             raise ValueError(f'{path}: no document has a label (the {split} split)')
     label_of = resolve_ids(value_dict, parents, [labels for docs in raw.values()
                                                  for _, labels in docs], ids_file, taxonomy)
-    # the verbalizer's names: HPT's (e.g. 'HIV/AIDS' whole), RCV1's descriptions, label_names.tsv
+    # the verbalizer's names: HPT's ('HIV/AIDS' whole), RCV1's descriptions, label_names.tsv
     h = Hierarchy(parents, {**{label_of[i]: value_dict[i] for i in label_of},
                             **label_names(folder, parents)}, lines)
     return h, {s: [(text, h.closure(h.index[label_of.get(v, v)] for v in labels))
@@ -325,8 +323,8 @@ def _load_value_dict(path):
 
 def resolve_ids(value_dict, parents, doc_labels, ids_file, taxonomy):
     """The taxonomy label of each id in `doc_labels`. HPT's value_dict names the labels (WOS, RCV1)
-    or, for NYT, their last part ('Top/News/World' -> 'World'); a shared last part is told apart by
-    the parent, since HPT labels a NYT document with every prefix of its path."""
+    or their last part (NYT: 'Top/News/World' -> 'World'); a shared one is told apart by the
+    parent, since HPT labels a NYT document with every prefix of its path."""
     def last(v):
         return value_dict[v] if type(v) is int else v.rsplit('/', 1)[-1]
     out = {}
@@ -347,7 +345,6 @@ def resolve_ids(value_dict, parents, doc_labels, ids_file, taxonomy):
     return out
 
 
-# -----------------------------------------------------------------------------
 # The demo, and load_data
 
 DEMO = '''science/physics/quantum science/physics/optics science/biology/genetics
@@ -403,7 +400,6 @@ def load_data(name, data_dir=None):
     return hierarchy, splits
 
 
-# -----------------------------------------------------------------------------
 # The pretrained model a run starts from
 
 def tiny_bert(texts, max_words=8000):
@@ -422,8 +418,8 @@ def tiny_bert(texts, max_words=8000):
 
 
 def load_pretrained(name):
-    """(fp32 masked LM, tokenizer) of a BERT-style model: a local folder or a hub id. Refused
-    unless the encoder's weights are all there (training from random weights runs as well)."""
+    """(fp32 masked LM, tokenizer) of a BERT-style model, a local folder or a hub id; refused
+    without all the encoder's weights (random ones would train, silently)."""
     from safetensors import SafetensorError
     from transformers import AutoModelForMaskedLM, AutoTokenizer, logging
     name, verbosity = os.path.expanduser(name), logging.get_verbosity()  # a hub id has no '~'
@@ -435,7 +431,7 @@ def load_pretrained(name):
         if 'config.json' not in files or not files & {'tokenizer.json', 'vocab.txt'}:
             raise ValueError(f'model {name!r}: the folder holds no ' + (
                 'config.json' if 'config.json' not in files else 'tokenizer.json or vocab.txt'))
-    logging.set_verbosity_error()  # its report of missing and unexpected weights: said below
+    logging.set_verbosity_error()  # its missing-weights report: ours below
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
         mlm, info = AutoModelForMaskedLM.from_pretrained(name, trust_remote_code=False,

@@ -1,5 +1,5 @@
-"""Score a checkpoint on a data split (overall, per depth, per label-frequency quartile), or
-classify new texts with it (a JSON line per input line).
+"""Score a checkpoint on a split (overall, per depth, per label-frequency quartile), or classify
+new texts with it (a JSON line per input line).
 
     python evaluate.py --ckpt out/demo-prompt-lhmix-s0/best --data demo
     echo "quantum optics" | python evaluate.py --ckpt out/demo-prompt-lhmix-s0/best --texts -
@@ -7,6 +7,7 @@ classify new texts with it (a JSON line per input line).
 import argparse
 import json
 import os
+import re
 import sys
 import time
 
@@ -19,9 +20,9 @@ import runs
 
 
 def f1_scores(predictions, gold, num_labels, labels=None):
-    """Micro-F1 over all label decisions, macro-F1 over ALL labels (a label neither predicted nor
-    present scores 0), as HiAGM and the HTC baselines count them, of (N, V) 0/1 arrays or lists
-    of label-id lists; `labels`: a subset."""
+    """Micro-F1 over all label decisions, macro-F1 over all labels (one neither predicted nor
+    present scores 0), as HiAGM and the HTC baselines count them, of (N, V) 0/1 arrays or label-id
+    lists; `labels`: a subset."""
     def matrix(x):  # (N, V) bool
         return x.astype(bool) if isinstance(x, np.ndarray) else np.array(
             [np.isin(range(num_labels), list(ls)) for ls in x], bool).reshape(-1, num_labels)
@@ -57,9 +58,8 @@ def print_report(name, r):
 
 
 def classify(model, tokenizer, texts):
-    """Per text: the predicted labels (by depth), the names on each path from the root to a
-    predicted leaf (predicted labels only), every label's score, whether it was cut to max_length.
-    An empty text predicts nothing."""
+    """Per text: the predicted labels (by depth), the predicted names on each path from the root
+    to a predicted leaf, every label's score, whether it was cut; an empty text predicts nothing."""
     h, budget = model.hierarchy, model.text_budget(model.max_length)
     tokens, _ = lhmix.tokenize(tokenizer, list(texts), budget + 1)  # + 1: tells a cut text
     keep = [i for i, t in enumerate(texts) if t.strip()]
@@ -77,20 +77,16 @@ def classify(model, tokenizer, texts):
 
 def device(name):
     """An argparse type: cpu, cuda or cuda:N, checked before anything is computed."""
-    try:
-        d = torch.device(name)
-    except RuntimeError as e:
-        raise argparse.ArgumentTypeError(f'{name}: {e}') from None
-    if d.type not in ('cpu', 'cuda') or d.type == 'cuda' and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError(f'{name}: only cpu' + (', cuda or cuda:N' if
-                                         torch.cuda.is_available() else ' (no CUDA GPU here)'))
-    return d
+    cuda = torch.cuda.is_available()
+    if not re.fullmatch(r'cpu|cuda(:\d+)?' if cuda else 'cpu', name):
+        raise argparse.ArgumentTypeError(f'{name}: only cpu' + (', cuda or cuda:N' if cuda else
+                                                                ' (no CUDA GPU here)'))
+    return torch.device(name)
 
 
 def check_output(path, flag, ckpt, start):
     """Refuses, before anything is computed, to write `path` into the checkpoint being read, over
-    a run's own figures, where no folder can be made, or over a file that is not an earlier
-    output of `flag` (one beginning with `start`)."""
+    a run's figures, where no folder can be made, or over a file not beginning with `start`."""
     folder = os.path.realpath(ckpt)
     if os.path.commonpath([os.path.realpath(path), folder]) == folder:
         raise ValueError(f'{flag} {path}: is inside the checkpoint folder {ckpt} being read')
@@ -141,17 +137,18 @@ def evaluate(args):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('--ckpt', required=True, help='a checkpoint folder, such as RUN/best')
-    p.add_argument('--data', help='the data to score on: as train.py --data')
-    p.add_argument('--data-dir', help='as train.py --data-dir')
-    p.add_argument('--split', default='test', choices=['train', 'dev', 'test'],
-                   help='the split to score (default: test)')
-    p.add_argument('--out', help='write the figures here as JSON (as test_metrics.json has them)')
-    p.add_argument('--save-predictions', metavar='FILE',
-                   help='write the predicted labels here: a line {"labels": [...]} a document')
-    p.add_argument('--texts', metavar='FILE', help='classify the lines of FILE (- : stdin) instead')
-    p.add_argument('--device', type=device, default='cuda' if torch.cuda.is_available() else 'cpu',
-                   help='cpu, cuda or cuda:N (default: cuda if there is one)')
+    add = p.add_argument
+    add('--ckpt', required=True, help='a checkpoint folder, such as RUN/best')
+    add('--data', help='the data to score on: as train.py --data')
+    add('--data-dir', help='as train.py --data-dir')
+    add('--split', default='test', choices=['train', 'dev', 'test'],
+        help='the split to score (default: test)')
+    add('--out', help='write the figures here as JSON (as test_metrics.json has them)')
+    add('--save-predictions', metavar='FILE',
+        help='write the predicted labels here: a line {"labels": [...]} a document')
+    add('--texts', metavar='FILE', help='classify the lines of FILE (- : stdin) instead')
+    add('--device', type=device, default='cuda' if torch.cuda.is_available() else 'cpu',
+        help='cpu, cuda or cuda:N (default: cuda if there is one)')
     args = p.parse_args(argv)
     if bool(args.texts) == bool(args.data):
         p.error('give --data (to score a split) or --texts (to classify), not both')

@@ -1,6 +1,5 @@
-"""LH-Mix (Kong, Zhang & Wang, KDD 2025): Sec. 3 (Eqs. 1, 2), Sec. 4 (Eqs. 3-7), then what the
-paper leaves out: feeding the model, and ZMLCE fused in Triton. Imports nothing of this project:
-copy it alone."""
+"""LH-Mix (Kong, Zhang & Wang, KDD 2025): Sec. 3 (Eqs. 1, 2), Sec. 4 (Eqs. 3-7), then, not in the
+paper, feeding the model and ZMLCE fused in Triton. Imports nothing of this project: copy it."""
 import math
 
 import numpy as np
@@ -16,17 +15,16 @@ except ImportError:
     triton = None
 
 TRANSFORMERS_5 = int(transformers.__version__.split('.')[0]) >= 5
-if TRANSFORMERS_5:  # packed rows' attention (document_attention)
+if TRANSFORMERS_5:  # packed rows' attention, document_attention
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
 
-# -----------------------------------------------------------------------------
 # Sec. 3: hierarchy, prompt template, model and verbalizer (Eq. 1), ZMLCE (Eq. 2)
 
 class Hierarchy:
-    """A label tree, ids in the order given, depth 1 at the top. Maps from labels: `parents`
-    (None or 'Root' at the top), `names` (default: after the last '/'), `lines` (for errors)."""
+    """A label tree from {label: parent, None or 'Root' at the top (depth 1)}, ids in that order;
+    names (default: after the last '/'), lines (for errors)."""
 
     def __init__(self, parents, names=None, lines=None):
         lines, n = lines or {}, len(parents)
@@ -41,7 +39,7 @@ class Hierarchy:
             self.parent.append(-1 if p in (None, 'Root') else self.index[p])
         for i, v in enumerate(self.labels):
             d, j = 1, self.parent[i]
-            while j >= 0 and d <= n:  # a chain of more than n labels goes round a cycle
+            while j >= 0 and d <= n:  # a chain of over n labels is a cycle
                 d, j = d + 1, self.parent[j]
             if d > n:
                 raise ValueError(f'{where[i]}: cycle through label {v!r}')
@@ -69,8 +67,8 @@ def template(num_depths, cls_id, sep_id, depth_ids, slot_id):
 
 class LHMix(nn.Module):
     """A masked LM whose vocabulary gains label tokens, D depth tokens and the slot [P] (ids
-    base_vocab + [labels | depths | slot]). arch 'prompt': Eq. 1; 'bert': the flat baseline of
-    Table 3, HGCLR's BERT: dropout and a linear layer on the last layer's [CLS]."""
+    base_vocab + [labels | depths | slot]). arch 'prompt': Eq. 1; 'bert': Table 3's flat
+    BERT, HGCLR's: dropout and a linear layer on [CLS]."""
 
     def __init__(self, mlm, hierarchy, arch, base_vocab, special, max_length=512):
         super().__init__()
@@ -79,13 +77,11 @@ class LHMix(nn.Module):
         V, D, config = len(hierarchy), hierarchy.num_depths, mlm.config
         self.depth_ids, self.slot_id = [base_vocab + V + d for d in range(D)], base_vocab + V + D
         if mlm.get_input_embeddings().num_embeddings != self.slot_id + 1:
-            try:  # transformers >= 4.46 would otherwise mean-initialise what build_model overwrites
-                mlm.resize_token_embeddings(self.slot_id + 1, mean_resizing=False)
-            except TypeError:
-                mlm.resize_token_embeddings(self.slot_id + 1)
+            # not mean-initialised: build_model overwrites them
+            mlm.resize_token_embeddings(self.slot_id + 1, mean_resizing=False)
         if not hasattr(mlm, 'cls'):
             raise ValueError(f'{type(mlm).__name__}: not a BERT-style masked LM (cls.predictions)')
-        if TRANSFORMERS_5:  # SDPA, and on packed rows SDPA per document
+        if TRANSFORMERS_5:  # SDPA, per document in a packed row
             mlm.set_attn_implementation('lhmix')
         self.transform = mlm.cls.predictions.transform  # dense -> act -> LayerNorm
         if arch == 'prompt':
@@ -99,17 +95,19 @@ class LHMix(nn.Module):
         self.register_buffer('valid', valid, persistent=False)  # (slots, V): each slot's labels
         slots = [i for i, t in enumerate(self.prefix) if t == self.slot_id] or [0]  # or [CLS]
         self.register_buffer('slot_offsets', torch.tensor(slots), persistent=False)
-        # LH-Mix's local hierarchies (Sec. 4.1) and Eq. 4's alpha, beta: use_local_hierarchies
-        self.register_buffer('local_hierarchies', None, persistent=False)
+        if not 0 < self.text_budget(max_length) or max_length > config.max_position_embeddings:
+            raise ValueError(f'max_length {max_length} leaves {self.text_budget(max_length)} text '
+                             f'tokens (at most {config.max_position_embeddings} positions)')
+        self.register_buffer('local_hierarchies', None, persistent=False)  # LH-Mix's, below
         self.alpha = self.beta = None
 
     def use_local_hierarchies(self, table, alpha, beta):
-        """Mixes by LH-Mix's ratios: Eqs. 3-4 from rows of `table` (local_hierarchy_table's)."""
+        """LH-Mix: ratios by Eqs. 3-4 from `table` (local_hierarchy_table's)."""
         self.local_hierarchies, self.alpha, self.beta = table, alpha, beta
 
     def name_ids(self, tokenizer):
         return [tokenizer(name, add_special_tokens=False)['input_ids']
-                or [tokenizer.unk_token_id] for name in self.hierarchy.names]  # never empty
+                or [tokenizer.unk_token_id] for name in self.hierarchy.names]
 
     def label_embeddings(self):
         b = self.base_vocab
@@ -119,8 +117,7 @@ class LHMix(nn.Module):
         return max_length - len(self.prefix) - 1
 
     def encode(self, input_ids, attention_mask=None, position_ids=None, offsets=None):
-        """Last hidden states. A packed row (`offsets`, `position_ids`: layout's) holds documents
-        that each attend to themselves only (document_attention)."""
+        """Last hidden states; in a packed row (`offsets`) each document attends to itself."""
         if offsets is None:
             return self.mlm.base_model(input_ids, attention_mask).last_hidden_state
         return self.mlm.base_model(  # token types given: the default is cut from 512 positions
@@ -149,21 +146,20 @@ class LHMix(nn.Module):
         x = hidden.flatten(0, 1).index_select(0, positions)
         return F.cross_entropy(self.mlm.get_output_embeddings()(self.transform(x)).float(), labels)
 
-    def forward(self, **batch):  # (the training loss, each document's lambda), Eqs. 2-7
+    def forward(self, **batch):  # training_loss, Eqs. 2-7
         return training_loss(self, **batch)
 
     @torch.no_grad()
     def label_scores(self, input_ids, attention_mask, starts):
-        """(B, V) scores; Sec. 3: a label is predicted when its score is > 0 (sigmoid > 0.5)."""
+        """(B, V) scores; Sec. 3: a label is predicted at score > 0 (sigmoid > 0.5)."""
         hidden = self.encode(input_ids, attention_mask)
         scores = self.score(self.slots(hidden, starts))
         return scores.masked_fill(~self.valid, -math.inf).amax(1).float()  # each at its depth
 
 
 def build_model(mlm, tokenizer, hierarchy, arch, max_length=512):
-    """A fresh LHMix: label tokens start as the mean embedding of their name's word-pieces, depth
-    tokens random (both Sec. 5.2), [P] as [MASK] (the authors' code); bert's classifier as BERT
-    initialises one (HGCLR's)."""
+    """A fresh LHMix: label tokens start as their name's mean word-piece embedding, depth tokens
+    random (Sec. 5.2), [P] as [MASK] (the authors' code), bert's classifier as HGCLR's."""
     special = {'cls': tokenizer.cls_token_id, 'sep': tokenizer.sep_token_id,
                'pad': tokenizer.pad_token_id, 'mask': tokenizer.mask_token_id}
     model = LHMix(mlm, hierarchy, arch, len(tokenizer), special, max_length)
@@ -181,16 +177,16 @@ def build_model(mlm, tokenizer, hierarchy, arch, max_length=512):
 
 
 def zmlce(scores, targets, valid=None):
-    """Eq. 2, a loss per score vector of `scores` (..., L) over its valid labels; `targets` (0/1)
-    and `valid` (bool) broadcast to it. On CUDA, the fused kernel at the end of this file."""
+    """Eq. 2 of each score vector (..., L) over its `valid` labels; `targets` and `valid`
+    broadcast to `scores`. On CUDA, the fused kernel below."""
     if scores.is_cuda and triton is not None and scores.dtype != torch.float64:
         return FusedZMLCE.apply(scores, targets, valid)
     return plain_zmlce(scores, targets, valid)
 
 
 def plain_zmlce(scores, targets, valid=None):
-    """Each sum of Eq. 2 as a log-sum-exp with a zero column for its 1, masked entries at -inf:
-    finite at any size; autograd gives Eq. 8."""
+    """Each sum of Eq. 2 as a log-sum-exp with a zero for its 1, masked entries at -inf: finite
+    at any size; autograd gives Eq. 8."""
     s = scores.to(torch.promote_types(scores.dtype, torch.float32))
     pos = targets.bool()
     x = torch.where(pos, -s, s)
@@ -203,11 +199,10 @@ def plain_zmlce(scores, targets, valid=None):
     return log1p_sum_exp(pos) + log1p_sum_exp(~pos)  # Eq. 2: negatives' e^s + positives' e^-s
 
 
-# -----------------------------------------------------------------------------
-# Sec. 4: local hierarchies (Eq. 3), the mixing ratio (Eq. 4), Mixup and loss mixing (Eqs. 5-7)
+# Sec. 4: local hierarchies (Eq. 3), mixing ratio (Eq. 4), Mixup and loss mixing (Eqs. 5-7)
 
 def local_hierarchy_ids(model, label_ids, name_ids):
-    """Sec. 4.1: gold labels as a sequence `[CLS] [D1] <names at depth 1> [D2] ... [SEP]`."""
+    """Sec. 4.1: gold labels as `[CLS] [D1] <names at depth 1> [D2] ... [SEP]`."""
     ids = [model.special['cls']]
     for d, depth_id in enumerate(model.depth_ids, 1):
         ids += [depth_id]
@@ -217,8 +212,8 @@ def local_hierarchy_ids(model, label_ids, name_ids):
 
 @torch.no_grad()
 def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
-    """(table (U, H) float32, each set's index in it (N,) int64) on the model's device: [CLS] of
-    each distinct local hierarchy, encoded once, before training (the frozen encoder, Sec. 4.1)."""
+    """(table (U, H), each set's index in it (N,)): the [CLS] of each distinct local hierarchy,
+    encoded once before training (the frozen encoder, Sec. 4.1)."""
     keys = [tuple(sorted(s)) for s in label_sets]
     distinct = sorted(set(keys))
     name_ids = model.name_ids(tokenizer)
@@ -242,8 +237,8 @@ def hierarchy_similarity(h_i, h_j):
 
 
 def mixup_ratio(s, alpha, beta):
-    """Similar hierarchies mix more (lambda -> 0.5); alpha > 0, beta in (0.5, 1] (0.5: always
-    0.5, the authors' default)."""
+    """Similar hierarchies mix more (lambda -> 0.5); alpha > 0, beta in (0.5, 1] (0.5, the
+    authors' default: always 0.5)."""
     return -(beta - 0.5) * s ** alpha + beta  # Eq. 4
 
 
@@ -253,7 +248,7 @@ def pair_ratios(hier, partner, alpha, beta):
 
 
 def mix_hidden(h_i, h_j, lam):
-    """h~ = lambda h_i + (1 - lambda) h_j, for h (B, slots, H) and a lambda (B,) per document."""
+    """h~ = lambda h_i + (1 - lambda) h_j for h (B, slots, H), lambda (B,)."""
     lam = lam.float()[:, None, None]
     return torch.lerp(h_j.float(), h_i.float(), lam).to(h_i.dtype)  # Eq. 5, in fp32
 
@@ -261,13 +256,12 @@ def mix_hidden(h_i, h_j, lam):
 def training_loss(model, input_ids, starts, targets, attention_mask=None, position_ids=None,
                   offsets=None, partner=None, lam=None, hierarchy_ids=None, mlm_pos=None,
                   mlm_labels=None):
-    """(loss, lambda or None): the loss summed over depths (the authors' code sums one over all
-    labels), each document mixed with its `partner` by its `lam` (vanilla Mixup) or, given each
-    one's local hierarchy (`hierarchy_ids`), by LH-Mix's ratio; averaged over documents; plus
-    HPT's MLM term if any text is masked."""
+    """(loss, lambda or None): summed over depths (the authors' code: over all labels), mean
+    over documents, each mixed with its `partner` by `lam` (vanilla Mixup) or LH-Mix's ratio
+    (`hierarchy_ids`); plus HPT's MLM term if any text is masked."""
     hidden = model.encode(input_ids, attention_mask, position_ids, offsets)
     h = model.slots(hidden, starts)
-    if hierarchy_ids is not None:  # each pair's lambda from the frozen encoder's table
+    if hierarchy_ids is not None:
         lam = pair_ratios(model.local_hierarchies[hierarchy_ids], partner, model.alpha,
                           model.beta)                                # Eqs. 3-4
     if partner is not None:
@@ -276,16 +270,15 @@ def training_loss(model, input_ids, starts, targets, attention_mask=None, positi
     if partner is None:
         loss = model.loss(p, t)                                      # Eq. 2
     else:  # each pair's own lambda, not a batch mean
-        lam = lam.float()[:, None]
-        loss = lam * model.loss(p, t) + (1 - lam) * model.loss(p, t[partner])  # Eq. 7
+        w = lam.float()[:, None]
+        loss = w * model.loss(p, t) + (1 - w) * model.loss(p, t[partner])  # Eq. 7
     loss = loss.sum(-1).mean()
     if mlm_pos is not None:
         loss = loss + model.mlm_loss(hidden, mlm_pos, mlm_labels)
     return loss, lam
 
 
-# -----------------------------------------------------------------------------
-# Feeding the model: tokens, batches, scores
+# Not in the paper: tokens, batches, scores, CUDA graphs
 
 def tokenize(tokenizer, texts, max_text_len):
     """(word-pieces of each text cut to max_text_len, the number cut)."""
@@ -295,15 +288,13 @@ def tokenize(tokenizer, texts, max_text_len):
             sum(len(t) > max_text_len for t in ids))
 
 
-PACKED = 128  # a packed row's length is a multiple of it: few shapes, 1% padding on WOS-like text
+PACKED = 128  # a packed row's length is a multiple of it: few shapes, 1% padding on WOS
 
 
 def layout(seqs, pad_id, multiple, pack=False):
-    """Id lists as rows padded to one length, a multiple of `multiple` (few distinct shapes on
-    GPU): input_ids, attention_mask, starts (each list's first position in the flattened rows).
-    With `pack`, all in one row, a multiple of PACKED long (a random batch then pads little),
-    position_ids from 0 in each, offsets: each list's start, the padding's (a document of its
-    own), the row's end."""
+    """Id lists as rows padded to a multiple of `multiple`: input_ids, attention_mask, starts
+    (each one's first flat position). `pack`: one row, a multiple of PACKED long, position_ids,
+    offsets: each list's start, the padding's (a document too), the end."""
     lengths = np.array([len(s) for s in seqs])
     if pack:
         ends = np.cumsum(lengths)
@@ -325,8 +316,8 @@ def layout(seqs, pad_id, multiple, pack=False):
 
 def document_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
                        cu_seq_lens_q=None, max_length_q=None, **kwargs):
-    """transformers' SDPA attention; in a packed row (cu_seq_lens_q: each document's start, then
-    the row's end) SDPA over its documents as a nested jagged tensor: no work across them."""
+    """transformers' SDPA; in a packed row (cu_seq_lens_q: each document's start, the row's
+    end), SDPA per document via a nested jagged tensor: no work across them."""
     if cu_seq_lens_q is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
@@ -347,8 +338,8 @@ if TRANSFORMERS_5:
 
 def make_batch(model, token_ids, labels, multiple, rng=None, mlm_rate=0.0, static=False,
                pack=False):
-    """`prefix text [SEP]` laid out by `layout`, bool targets (B, V), and with mlm_rate BERT's
-    masking of text (80% [MASK], 10% another word-piece, 10% kept); on the CPU: no step syncs."""
+    """`prefix text [SEP]` laid out, bool targets (B, V), with mlm_rate BERT's masking of text
+    (80% [MASK], 10% another word-piece, 10% kept); on the CPU: no step syncs."""
     prefix = model.prefix
     seqs = [np.concatenate([prefix, t, [model.special['sep']]]) for t in token_ids]
     batch = layout(seqs, model.special['pad'], multiple, pack)
@@ -363,17 +354,16 @@ def make_batch(model, token_ids, labels, multiple, rng=None, mlm_rate=0.0, stati
         gold = flat[pos].clone()
         r = torch.from_numpy(rng.random(len(pos)))
         flat[pos[r < 0.8]] = model.special['mask']
-        rand = pos[(r >= 0.8) & (r < 0.9)]  # a word-piece of the batch's text, not a special one
+        rand = pos[(r >= 0.8) & (r < 0.9)]  # a word-piece of the batch's texts
         words = np.concatenate(token_ids)
         flat[rand] = torch.from_numpy(words[rng.integers(0, len(words), len(rand))])
-        if len(pos):  # decided here, on the CPU: a batch with nothing masked has no MLM term
-            if static:  # one count per shape (CUDA graphs): mean + 8 sd up to 64s, p < 1e-15;
-                # label -100 (ignored) fills it
+        if len(pos):  # on the CPU: a batch with nothing masked has no MLM term
+            if static:  # a count per shape (CUDA graphs), mean + 8 sd up to 64s, -100s filling
                 n, q = ids.numel(), mlm_rate
                 cap = int(-(-(q * n + 8 * math.sqrt(n * q * (1 - q)) + 1) // 64) * 64)
                 cap *= -(-len(pos) // cap)
-                pos = torch.cat([pos, pos.new_zeros(cap - len(pos))])
-                gold = torch.cat([gold, gold.new_full((cap - len(gold),), -100)])
+                pos = F.pad(pos, (0, cap - len(pos)))
+                gold = F.pad(gold, (0, cap - len(gold)), value=-100)
             batch['mlm_pos'], batch['mlm_labels'] = pos, gold
     return batch
 
@@ -386,8 +376,7 @@ def to_device(batch, device):
 
 def train_batches(lengths, batch_size, rng, mixing):
     """An epoch's (document ids, partner positions or None). Mixing: slices of a shuffle, partners
-    a random permutation of each, the authors' randperm(B) (pi(i) == i: a clean document). Else,
-    sorted by length in chunks of 64 batches: less padding."""
+    the authors' randperm(B) (pi(i) == i: unmixed). Else, by length in chunks of 64 batches."""
     perm = rng.permutation(len(lengths))
     if mixing:
         return [(idx, rng.permutation(len(idx))) for idx in
@@ -405,11 +394,50 @@ def pad_multiple(device):
 
 
 def autocast(device):
-    """bf16 autocast on GPUs that have it, fp16 otherwise; fp32 on CPU. No cast cache: CUDA graphs
+    """bf16 autocast on GPUs that have it, else fp16; fp32 on CPU. No cast cache: CUDA graphs
     forbid it (a step casts each weight once anyway)."""
     cuda = device.type == 'cuda'
     dtype = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float16
     return torch.autocast(device.type, dtype, enabled=cuda, cache_enabled=False)
+
+
+def cuda_graphs_unavailable(device):
+    """Why CUDA graphs cannot run the steps on `device`, or None when they can."""
+    if device.type != 'cuda':
+        return 'not a CUDA device'
+    if not torch.cuda.is_bf16_supported():
+        return 'no bf16 on this GPU (fp16 needs a loss scaler that syncs)'
+    if not TRANSFORMERS_5:  # 4.x checks the attention mask on the host
+        return 'transformers 4 syncs inside the encoder (5 does not)'
+    return None
+
+
+class CUDAGraphs:
+    """fn(**tensors) replayed from a CUDA graph captured, after warmup(**tensors), once per set
+    of shapes. A replay overwrites the last one's outputs."""
+
+    def __init__(self, fn, warmup):
+        self.fn, self.warmup, self.graphs = fn, warmup, {}
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def __call__(self, **inputs):
+        key = tuple((k, tuple(v.shape), v.dtype) for k, v in inputs.items())
+        if key not in self.graphs:
+            static = {k: v.clone() for k, v in inputs.items()}
+            side = torch.cuda.Stream()  # capture requires a run on a side stream first
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.warmup(**static)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                out = self.fn(**static)
+            self.graphs[key] = graph, static, out
+        graph, static, out = self.graphs[key]
+        for k, v in inputs.items():
+            static[k].copy_(v, non_blocking=True)
+        graph.replay()
+        return out
 
 
 @torch.no_grad()
@@ -429,14 +457,13 @@ def score_documents(model, token_ids, batch_size=128):
     return out.cpu().numpy()
 
 
-# -----------------------------------------------------------------------------
-# Not in the paper: ZMLCE fused in Triton for CUDA, forward (Eq. 2) and backward (Eq. 8)
+# Not in the paper: ZMLCE in Triton for CUDA, forward (Eq. 2) and backward (Eq. 8)
 
 if triton is not None:
     @triton.jit
     def _zmlce_kernel(S, T, VALID, LOSS, GRAD, L, BLOCK: tl.constexpr):
-        """One score vector (BLOCK >= L): Eq. 2's log-sum-exps shifted by max(0, x), and Eq. 8's
-        gradient d/ds = e^{s - lse_neg} for negatives, -e^{-s - lse_pos} for positives."""
+        """A score vector (BLOCK >= L): Eq. 2's log-sum-exps shifted by max(0, x), Eq. 8's
+        gradient e^{s - lse_neg} for negatives, -e^{-s - lse_pos} for positives."""
         i, cols = tl.program_id(0).to(tl.int64), tl.arange(0, BLOCK)
         at, ok = i * L + cols, cols < L
         s = tl.load(S + at, mask=ok, other=0.0).to(tl.float32)
@@ -459,8 +486,8 @@ def _flat(x, shape):
 
 
 class FusedZMLCE(torch.autograd.Function):
-    """zmlce() by the kernel above, a program per score vector; the gradient is made as the
-    forward reads the scores: backward only scales it."""
+    """zmlce() by the kernel above, a program per score vector; forward makes the gradient,
+    backward scales it."""
 
     @staticmethod
     def forward(ctx, scores, targets, valid):

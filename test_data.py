@@ -308,8 +308,8 @@ def test_wos_download(tmp_path, site, monkeypatch, urls, failures):
     Site.archive = zip_bytes({'Meta-data/Other.xlsx': b'x'})
     why = '; '.join(f'{site}{u}: {f}' for u, f in zip(urls, failures))
     assert error(lambda: data.load_wos(str(folder))) == (
-        f'WOS is not in {folder} and could not be downloaded ({why}); download WebOfScience.zip '
-        'from one of these by hand and put it, or Data.txt or Data.xlsx from its Meta-data/, in '
+        f'WOS is not in {folder} and could not be downloaded ({why}); put WebOfScience.zip from '
+        'one of these, or Data.txt or Data.xlsx from its Meta-data/, in '
         f'{folder} (or pass --data-dir)')
     assert not folder.exists()
 

@@ -43,6 +43,35 @@ def test_f1_hand_worked():
     assert evaluate.f1_scores(pred, gold, 4, labels=[3])['macro_f1'] == 0.0
 
 
+def test_per_depth_and_label_frequency_quartiles_hand_worked():
+    """Fig. 7's breakdown of a small case. Labels: 0, 1 at depth 1; 2-7 at depth 2. Training
+    counts 7, 0, 5, 1, 6, 2, 4, 3: quartiles by count, rarest first: {1, 3}, {5, 7}, {6, 2},
+    {4, 0}. Per label (tp, predicted, gold): 0 (1, 2, 1), 1 (0, 0, 1), 2 (1, 1, 1), 3 (0, 1, 0),
+    4 (0, 0, 0), 5 (1, 1, 2), 6 (0, 0, 0), 7 (0, 0, 1); F1 = 2 tp / (predicted + gold)."""
+    h = lhmix.Hierarchy({'a': None, 'b': None, 'a/c': 'a', 'a/d': 'a', 'a/e': 'a', 'b/f': 'b',
+                         'b/g': 'b', 'b/h': 'b'})
+    train = [[0]] * 7 + [[2]] * 5 + [[3]] + [[4]] * 6 + [[5]] * 2 + [[6]] * 4 + [[7]] * 3
+    gold = [[0, 2], [1, 5], [5, 7]]
+    pred = np.zeros((3, 8), bool)
+    pred[0, [0, 2]] = pred[1, [0, 3]] = pred[2, 5] = True
+    r = evaluate.report(pred, gold, h, train)
+    f1 = {0: 2 / 3, 1: 0, 2: 1, 3: 0, 4: 0, 5: 2 / 3, 6: 0, 7: 0}
+
+    def expect(labels, tp, n):  # micro: 2 tp / (predicted + gold) summed over the labels
+        return 2 * tp / n, sum(f1[v] for v in labels) / len(labels)
+    got = [(r['micro_f1'], r['macro_f1'])] + [
+        (d['labels'], d['micro_f1'], d['macro_f1']) for d in r['per_depth'].values()] + [
+        (f['quartile'], f['labels'], f['train_docs_min'], f['train_docs_max'], f['micro_f1'],
+         f['macro_f1']) for f in r['by_frequency']]
+    want = [expect(range(8), 3, 5 + 6), (2, *expect([0, 1], 1, 2 + 2)),
+            (6, *expect(range(2, 8), 2, 3 + 4)), (1, 2, 0, 1, *expect([1, 3], 0, 1 + 1)),
+            (2, 2, 2, 3, *expect([5, 7], 1, 1 + 3)), (3, 2, 4, 5, *expect([6, 2], 1, 1 + 1)),
+            (4, 2, 6, 7, *expect([4, 0], 1, 2 + 1))]
+    assert list(r['per_depth']) == [1, 2] and len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g == pytest.approx(w)
+
+
 def test_evaluate_reproduces_test_metrics_and_rescores_its_predictions(run, tmp_path):
     e, p = tmp_path / 'e.json', tmp_path / 'p.jsonl'
     argv = ['--ckpt', str(run / 'best'), '--data', 'demo', '--device', 'cpu', '--out', str(e),
@@ -133,3 +162,37 @@ def test_texts_one_json_line_per_input_line(tmp_path, capsys):
         assert r['labels'] == ['Sci', 'Sci/quantum_physics/optics'] == [
             h.labels[v] for v in range(len(h)) if s[v] > 0]
         assert r['paths'] == [[h.names[0], h.names[5]]]  # the unpredicted ancestor left out
+
+
+def test_texts_threshold_is_a_score_above_0_at_its_depth(tmp_path, capsys):
+    """Scores in (0, 0.5) are predicted (sigmoid > 0.5), in (-0.5, 0) not: each label's bias
+    set so that its score is +-0.25 or +-0.45, in fp32 on the CPU."""
+    torch.manual_seed(5)
+    model, tok = tiny_model(lhmix.Hierarchy(PARENTS))
+    model.eval()
+    ids = tok(TEXTS[0], add_special_tokens=False)['input_ids']
+    x = torch.tensor([model.prefix + ids + [tok.sep_token_id]])
+    want = torch.tensor([0.25, -0.25, 0.45, -0.45, -0.25, 0.25])
+    with torch.no_grad():
+        raw = model.label_scores(x, torch.ones_like(x), torch.tensor([0]))[0]
+        model.label_bias.copy_(want - raw)
+    runs.save_checkpoint(tmp_path / 'ck', model, tok, {})
+    (tmp_path / 'in.txt').write_text(TEXTS[0] + '\n')
+    evaluate.main(['--ckpt', str(tmp_path / 'ck'), '--texts', str(tmp_path / 'in.txt'),
+                   '--device', 'cpu'])
+    r = json.loads(capsys.readouterr().out)
+    assert list(r['scores'].values()) == pytest.approx(want.tolist(), abs=1e-3)
+    assert r['labels'] == ['Sci', 'Sci/quantum_physics', 'Sci/quantum_physics/optics']
+
+
+def test_empty_input_gives_empty_output_and_ctrl_c_one_line(run, tmp_path, monkeypatch, capsys):
+    (tmp_path / 'empty.txt').write_text('')
+    for path in (str(tmp_path / 'empty.txt'), os.devnull):
+        evaluate.main(['--ckpt', str(run / 'best'), '--texts', path, '--device', 'cpu'])
+        assert capsys.readouterr() == ('', '')
+    (tmp_path / 'in.txt').write_text('\n'.join(TEXTS))
+    monkeypatch.setattr(lhmix, 'score_documents', lambda *a, **k: (_ for _ in ()).throw(
+        KeyboardInterrupt))  # Ctrl-C while classifying
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(['--ckpt', str(run / 'best'), '--texts', str(tmp_path / 'in.txt')])
+    assert e.value.code == 'interrupted' and capsys.readouterr().out == ''

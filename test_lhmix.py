@@ -4,6 +4,8 @@ downloaded: models are `tiny` BERTs built locally."""
 import math
 import os
 import re
+import subprocess
+import sys
 
 os.environ['HF_HUB_OFFLINE'] = '1'  # never reach the hub, whatever a test does
 os.environ['TRANSFORMERS_OFFLINE'] = '1'
@@ -109,6 +111,44 @@ def test_zmlce_eq2_eq8_against_float64(device, dtype, tol, s_shape, y_shape, v_s
         np.testing.assert_allclose(loss.detach(), theirs.detach(), rtol=1e-12)
         np.testing.assert_allclose(grad, torch.autograd.grad((theirs * w).sum(), x)[0], atol=1e-12)
         np.testing.assert_allclose(lhmix.zmlce(s.float(), y, valid), ref, rtol=1e-5)  # float32
+
+
+FUSED_ON_CPU = """
+import torch, lhmix
+assert type(lhmix._zmlce_kernel).__name__ == 'InterpretedFunction'
+torch.manual_seed(0)
+for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
+    for s_shape, y_shape, v_shape, scale in (((16, 2, 141), (16, 1, 141), (2, 141), 3.0),
+                                             ((3, 5000), (3, 5000), None, 3.0),
+                                             ((4, 37), (4, 37), (4, 37), 1e4)):
+        s = (torch.randn(s_shape) * scale).to(dtype)
+        y, up = torch.rand(y_shape) < 0.1, torch.rand(s_shape[:-1]) + 0.5
+        valid = None if v_shape is None else torch.rand(v_shape) < 0.8
+        x = s.clone().requires_grad_()
+        loss = lhmix.FusedZMLCE.apply(x, y, valid)
+        (loss * up).sum().backward()
+        print(repr((s.double().tolist(), y.tolist(), None if valid is None else valid.tolist(),
+                    up.double().tolist(), loss.double().tolist(), x.grad.double().tolist(),
+                    tol)))
+"""
+
+
+def test_fused_zmlce_kernel_on_a_cpu_by_tritons_interpreter():
+    """The Triton kernel itself (FusedZMLCE), run on the CPU by Triton's interpreter in a child
+    process (TRITON_INTERPRET=1 before the kernel is decorated), against Eqs. 2 and 8 in float64:
+    the loss and the gradient of a non-uniform weighting of it, at e^1e4 too."""
+    pytest.importorskip('triton', reason='Triton is not installed (pip install triton): the '
+                        'fused kernel runs only on a GPU here')
+    here = os.path.dirname(os.path.abspath(lhmix.__file__))
+    p = subprocess.run([sys.executable, '-c', FUSED_ON_CPU], cwd=here, capture_output=True,
+                       text=True, timeout=600, env={**os.environ, 'TRITON_INTERPRET': '1'})
+    assert p.returncode == 0, p.stderr[-3000:]
+    cases = [eval(line) for line in p.stdout.splitlines()]
+    assert len(cases) == 6
+    for s, y, valid, up, loss, grad, tol in cases:
+        ref, ref_grad = zmlce_refs(s, y, valid)
+        np.testing.assert_allclose(loss, ref, rtol=1e-5)
+        np.testing.assert_allclose(grad, ref_grad * np.asarray(up)[..., None], atol=tol)
 
 
 # -----------------------------------------------------------------------------
@@ -291,9 +331,9 @@ def test_forward_and_predict_follow_eqs_1_5_6_7_bert_arch_linear_on_cls_with_bce
         assert model(**b, partner=perm, lam=lam)[0].item() == pytest.approx(eq7, rel=1e-5)
         # prediction: at depth d, the labels of depth d whose score is > 0
         s = scores(h).numpy()
-        expected = np.array([[s[n, DEPTHS[v] - 1, v] > 0 for v in range(6)] for n in range(3)])
-        got = model.label_scores(**feed)
-        assert np.array_equal((got > 0).numpy(), expected)
+        expected = np.array([[s[n, DEPTHS[v] - 1, v] for v in range(6)] for n in range(3)])
+        got = model.label_scores(**feed)  # each label's score is its own depth's
+        np.testing.assert_allclose(got.numpy(), expected, atol=1e-5)
         # score_documents: the same scores in input order, whatever the length order
         scored = lhmix.score_documents(model, [toks[2], toks[0], toks[1]], batch_size=2)
         np.testing.assert_allclose(scored, got[[2, 0, 1]], atol=1e-5)
@@ -317,6 +357,72 @@ def test_forward_and_predict_follow_eqs_1_5_6_7_bert_arch_linear_on_cls_with_bce
         eq7 = (l[:, 0] * bce(mixed, t.numpy()) + (1 - l[:, 0]) * bce(mixed, t[perm].numpy())).mean()
         assert model(**b, partner=perm, lam=lam)[0].item() == pytest.approx(eq7, rel=1e-6)
         assert np.array_equal(model.label_scores(**{k: b[k] for k in feed}) > 0, s > 0)
+
+
+def test_bert_head_starts_as_hgclr_initialises_it():
+    """normal(0, initializer_range = 0.02), zero bias (HGCLR's init_weights), not PyTorch's
+    uniform default (sd 1 / sqrt(3 * 128) = 0.051 at hidden 128): 5 sampling sds of the sd."""
+    torch.manual_seed(0)
+    model, _ = tiny_model(lhmix.Hierarchy(PARENTS), 'bert')
+    w, n = model.classifier.weight.detach().double(), model.classifier.weight.numel()
+    assert model.mlm.config.initializer_range == 0.02 and n == 6 * 128
+    assert abs(w.std().item() - 0.02) < 5 * 0.02 / math.sqrt(2 * n)
+    assert abs(w.mean().item()) < 5 * 0.02 / math.sqrt(n)
+    assert torch.equal(model.classifier.bias, torch.zeros(6))
+
+
+def test_mlm_term_is_the_cross_entropy_of_the_mlm_head_at_the_masked_positions(tiny):
+    """HPT's auxiliary loss by hand: the head (transform, then the decoder tied to the input
+    embeddings) at each masked position, cross-entropy against the original word-piece in
+    float64, averaged over the masked positions, added to Eq. 2's loss."""
+    model, tok = tiny
+    model.eval()
+    toks, _ = lhmix.tokenize(tok, TEXTS * 4, 50)
+    b = lhmix.make_batch(model, toks, [[0, 2, 5], [0, 3], [1, 4]] * 4, 8,
+                         np.random.default_rng(5), mlm_rate=0.3)
+    pos, gold = b['mlm_pos'], b['mlm_labels']
+    assert len(pos) > 5 and (gold >= 0).all()
+    with torch.no_grad():
+        hidden = model.encode(b['input_ids'], b['attention_mask'])
+        h = hidden[:, [2, 4, 6]]
+        E = model.mlm.get_input_embeddings().weight
+        scores = model.mlm.cls.predictions.transform(h) @ E[len(tok):len(tok) + 6].t() \
+            + model.label_bias
+        valid = np.array([[d == k + 1 for d in DEPTHS] for k in range(3)])
+        eq2 = zmlce_refs(scores, b['targets'][:, None].numpy(), valid)[0].sum(1).mean()
+        at = model.mlm.cls.predictions.transform(hidden.flatten(0, 1)[pos]).double()
+        logits = (at @ E.double().t() + model.mlm.get_output_embeddings().bias.double()).numpy()
+        lse = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
+        ce = (lse - logits[np.arange(len(pos)), gold.numpy()]).mean()
+        loss, lam = model(**b)
+    assert lam is None and loss.item() == pytest.approx(eq2 + ce, rel=1e-5)
+    assert ce > 1  # a real term: an untrained head is far from the masked word-pieces
+
+
+def test_mlm_masking_selects_15_percent_of_text_then_80_10_10():
+    """Over about 15,000 masked positions (a 1,000-word vocabulary: a random replacement is the
+    original word with probability ~1/995, counted exactly below): 15% of the text chosen, of
+    them 80% [MASK], 10% another word-piece of the batch's texts, 10% kept; 5 binomial sds."""
+    from transformers import BertConfig, BertForMaskedLM
+    torch.manual_seed(0)
+    mlm = BertForMaskedLM(BertConfig(vocab_size=1000, hidden_size=32, num_hidden_layers=1,
+                                     num_attention_heads=2, intermediate_size=64))
+    model = lhmix.LHMix(mlm, lhmix.Hierarchy(PARENTS), 'prompt', 1000,
+                        {'pad': 0, 'cls': 2, 'sep': 3, 'mask': 4})
+    rng = np.random.default_rng(0)
+    texts = [rng.integers(5, 1000, 200) for _ in range(500)]
+    b = lhmix.make_batch(model, texts, [[0]] * 500, 8, np.random.default_rng(1), mlm_rate=0.15)
+    ids, pos, gold = b['input_ids'].view(-1), b['mlm_pos'], b['mlm_labels']
+    n, words = len(pos), np.concatenate(texts)
+    counts = np.bincount(words, minlength=1000) / len(words)
+    masked = (ids[pos] == 4).sum().item()
+    kept = (ids[pos] == gold).sum().item()
+    other = n - masked - kept
+    p_same = counts[gold.numpy()].mean()  # a replacement drawn equal to the original
+    for got, p, total in ((n, 0.15, len(words)), (masked, 0.8, n),
+                          (kept, 0.1 + 0.1 * p_same, n), (other, 0.1 * (1 - p_same), n)):
+        assert abs(got - p * total) < 5 * math.sqrt(total * p * (1 - p)), (got, p, total)
+    assert set(ids[pos][(ids[pos] != 4) & (ids[pos] != gold)].tolist()) <= set(words.tolist())
 
 
 @pytest.mark.skipif(not lhmix.TRANSFORMERS_5, reason='packed rows need transformers 5')

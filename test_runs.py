@@ -86,9 +86,10 @@ CORRUPT = '{c}/model.safetensors: unreadable, truncated or corrupt ('
     (lambda p: p.write_bytes(b'{}}}' + p.read_bytes()[4:]), None,
      CORRUPT + 'SafetensorError: '),  # a garbled header
     (lambda p: save_file(load_file(p), p), None, CORRUPT + "KeyError: 'lhmix')"),  # no metadata
-    (_drop_a_weight, None, '{c}/model.safetensors: label_bias missing'),
-    (_narrower, None, '{c}/model.safetensors: mlm.bert.embeddings.LayerNorm.bias is (128,) here, '
-     '(64,) by config.json (and 38 more)'),
+    (_drop_a_weight, None, '{c}/model.safetensors: weights missing, unexpected or not shaped as '
+     'config.json says: label_bias and 0 more'),
+    (_narrower, None, '{c}/model.safetensors: weights missing, unexpected or not shaped as '
+     'config.json says: mlm.bert.embeddings.LayerNorm.bias and 38 more'),
     (os.remove, None, '{c}: not an LH-Mix checkpoint (no model.safetensors)'),
     (lambda p: os.remove(p.parent / 'tokenizer.json'), None,
      '{c}: not an LH-Mix checkpoint (no tokenizer.json)'),
@@ -97,7 +98,8 @@ CORRUPT = '{c}/model.safetensors: unreadable, truncated or corrupt ('
     (None, lambda c: (c, lhmix.Hierarchy(dict(reversed(PARENTS.items())))),
      '{c}: its labels differ from those of the data in their order (a taxonomy with its lines '),
     (None, lambda c: (c.parent, None), '{r}: a run, not a checkpoint: pass {c}'),
-    (None, lambda c: (c / 'no', None), '{c}/no: no such checkpoint folder'),
+    (None, lambda c: (c / 'no', None), '{c}/no: not an LH-Mix checkpoint (no tokenizer.json, '
+     'tokenizer_config.json, config.json, model.safetensors)'),
 ])
 def test_damaged_checkpoint_one_line(saved, tmp_path, damage, ask, message):
     folder = shutil.copytree(saved, tmp_path / 'run' / 'best')

@@ -6,6 +6,7 @@ downloaded (the `tiny` BERT, the synthetic demo set or files in tmp_path)."""
 import errno
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -109,13 +110,17 @@ def test_metrics_and_resume_agree(demo_run):
     assert sorted(os.listdir(out)) == ['best', 'last', 'metrics.jsonl', 'test_metrics.json']
 
 
-@pytest.mark.parametrize('arch, mix', [('bert', 'lhmix'), ('prompt', 'none'), ('prompt', 'mixup')])
-def test_one_epoch_variants_and_dev_f1_by_hand(tmp_path, arch, mix):
+@pytest.mark.parametrize('arch, mix, flags', [('bert', 'lhmix', []), ('prompt', 'none', []),
+                                              ('prompt', 'mixup', []),
+                                              ('prompt', 'lhmix', ['--beta', '0.5'])])
+def test_one_epoch_variants_and_dev_f1_by_hand(tmp_path, arch, mix, flags):
     out = tmp_path / 'run'
-    train.main(FAST + ['--epochs', '1', '--arch', arch, '--mix', mix, '--out', str(out)])
+    train.main(FAST + ['--epochs', '1', '--arch', arch, '--mix', mix, '--out', str(out), *flags])
     line, = read_metrics(out)
     assert line['mix'] == (mix != 'none') and ('lambda' in line) == line['mix']
-    assert train.cuda_graphs_unavailable(torch.device('cpu')) == 'not a CUDA device'
+    if flags:  # Eq. 4 at beta 0.5: lambda = 0.5 for every pair, whatever s
+        assert set(line['lambda']['quantiles'].values()) == {0.5}
+    assert lhmix.cuda_graphs_unavailable(torch.device('cpu')) == 'not a CUDA device'
     model, tok, meta = runs.load_checkpoint(str(out / 'best'))
     assert meta['arch'] == arch and len(model.prefix) == (1 if arch == 'bert' else 2 * 3 + 2)
     _, splits = data.load_demo()
@@ -134,6 +139,103 @@ def test_one_epoch_variants_and_dev_f1_by_hand(tmp_path, arch, mix):
 
 
 # -----------------------------------------------------------------------------
+# What a run draws: its batches, Mixup partners and ratios, MLM masks, epoch by epoch
+
+@pytest.fixture(scope='module')
+def recorded(tmp_path_factory):
+    """Each epoch's steps of real runs, as train.py's step sees them: (batch, lambda, torch's
+    random state). Prompt + LH-Mix on the whole demo training split (two epochs, Mixup from the
+    first), Prompt + Mixup and BERT + LH-Mix on FAST's 12 documents."""
+    root, make, one_epoch, out = tmp_path_factory.mktemp('recorded'), train.make_step, \
+        train.train_epoch, {}
+    for name, flags in [('lhmix', ['--train-fraction', '1', '--epochs', '2']),
+                        ('mixup', ['--mix', 'mixup', '--epochs', '1']),
+                        ('bert', ['--arch', 'bert', '--epochs', '1'])]:
+        epochs = []
+
+        def recording(model, *a, **k):
+            step, opt = make(model, *a, **k)
+
+            def record(**batch):
+                state = torch.get_rng_state()
+                loss, lam = step(**batch)
+                epochs[-1].append((batch, lam, state))
+                return loss, lam
+            return record, opt
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(train, 'make_step', recording)
+            mp.setattr(train, 'train_epoch', lambda *a: (epochs.append([]), one_epoch(*a))[1])
+            train.main(FAST + flags + ['--out', str(root / name)])
+        out[name] = epochs, root / name
+    return out
+
+
+def test_lhmix_ratios_are_eqs_3_4_of_each_documents_own_local_hierarchy(recorded):
+    """Each lambda recomputed in float64 from the batch's own gold labels: the table row of its
+    label set (from the run's saved table and each training document's row) and its partner's."""
+    epochs, out = recorded['lhmix']
+    _, _, meta = runs.load_checkpoint(str(out / 'last'))
+    table, ids = meta['extra']['table'].double().numpy(), meta['extra']['hierarchy_ids'].tolist()
+    _, splits = data.load_demo()
+    row = {tuple(ls): i for (_, ls), i in zip(splits['train'], ids)}
+    assert len(set(row.values())) == len(row) == len(table)  # one row per distinct label set
+    lams = 0
+    for batch, lam, _ in (s for e in epochs for s in e):
+        sets = [tuple(np.flatnonzero(t).tolist()) for t in batch['targets'].numpy()]
+        h = table[[row[k] for k in sets]]
+        cos = (h * h[batch['partner']]).sum(1) / (np.linalg.norm(h, axis=1) * np.linalg.norm(
+            h[batch['partner']], axis=1))
+        s = np.clip(0.5 * (cos + 1), 0, 1)
+        np.testing.assert_allclose(lam.numpy(), -(0.75 - 0.5) * s ** 1.0 + 0.75, atol=1e-6)
+        lams += len(lam)
+    assert lams == 2 * 1200
+
+
+def test_each_epoch_draws_its_own_batches_partners_masks_and_dropout(recorded):
+    """Epochs 0 and 1 of one run: other documents in the first batch, other partners, other MLM
+    positions, another torch random state (dropout); within an epoch, every training document
+    once; about 15% of text word-pieces masked for the MLM term (5 binomial sds)."""
+    (first, second), _ = recorded['lhmix']
+    for (a, _, ra), (b, _, rb) in [(first[0], second[0])]:
+        assert not torch.equal(a['targets'], b['targets']) or not torch.equal(
+            a['input_ids'], b['input_ids'])
+        assert not torch.equal(a['partner'], b['partner']) or len(a['partner']) < 3
+        assert not torch.equal(a['mlm_pos'], b['mlm_pos']) and not torch.equal(ra, rb)
+    for epoch in (first, second):
+        assert sum(len(b['targets']) for b, _, _ in epoch) == 1200
+        text = sum(int(b['attention_mask'].sum()) - len(b['targets']) * 9 for b, _, _ in epoch)
+        masked = sum(len(b['mlm_pos']) for b, _, _ in epoch)
+        assert abs(masked - 0.15 * text) < 5 * math.sqrt(text * 0.15 * 0.85)
+
+
+def test_vanilla_mixup_ratios_folded_beta_and_no_mlm_for_bert(recorded):
+    """--mix mixup: Beta(1, 1) folded to max(lambda, 1 - lambda): uniform on [0.5, 1], a draw
+    per document (mean 0.75, sd 0.144); BERT draws no MLM masks (HGCLR's baseline has none)."""
+    (epoch,), _ = recorded['mixup']
+    lam = torch.cat([lam for _, lam, _ in epoch]).double()
+    assert len(lam) == 12 and ((0.5 <= lam) & (lam <= 1)).all() and len(set(lam.tolist())) > 6
+    assert abs(lam.mean().item() - 0.75) < 5 * 0.5 / math.sqrt(12 * 12)
+    assert all('mlm_pos' in b for b, _, _ in epoch)
+    (epoch,), _ = recorded['bert']
+    assert epoch and not any('mlm_pos' in b for b, _, _ in epoch)
+
+
+def test_early_stopping_on_dev_macro_f1_and_best_the_first_of_equals(tmp_path, monkeypatch):
+    """Scripted dev figures: macro-F1 0.1, 0.3, 0.2, 0.3, then no better; micro-F1 best at epoch
+    2. With --early-stop 2 the run stops after epoch 3 (two epochs without a better macro-F1),
+    and best/ is epoch 1: macro-F1's, and the first of two equal ones."""
+    macro, micro, line = [0.1, 0.3, 0.2, 0.3, 0.25, 0.9], [0.5, 0.1, 0.9, 0.2, 0.3, 0.3], \
+        train.epoch_line
+    monkeypatch.setattr(train, 'epoch_line', lambda run, epoch, *a: {
+        **line(run, epoch, *a), 'dev_macro_f1': macro[epoch], 'dev_micro_f1': micro[epoch]})
+    out = tmp_path / 'run'
+    train.main(FAST + ['--epochs', '6', '--early-stop', '2', '--out', str(out)])
+    assert [m['epoch'] for m in read_metrics(out)] == [0, 1, 2, 3]
+    _, test = results(out)
+    assert test['best_epoch'] == 1 == runs.load_checkpoint(str(out / 'best'))[2]['epoch']
+
+
+# -----------------------------------------------------------------------------
 # Bad flags, data and models: one error line before anything is written
 
 @pytest.mark.parametrize('flags, message', [
@@ -149,7 +251,7 @@ def test_one_epoch_variants_and_dev_f1_by_hand(tmp_path, arch, mix):
     (['--seed', '-1'], 'argument --seed: must be in [0, 4294967295], got -1'),
     (['--seed', str(2**64)], 'argument --seed: must be in [0, 4294967295], got 1844674407370'),
     (['--resume', '--overwrite'], '--resume and --overwrite exclude each other'),
-    (['--device', 'foo'], 'argument --device: foo: Expected one of'),
+    (['--device', 'foo'], 'argument --device: foo: only cpu'),
     (['--device', 'mps'], 'argument --device: mps: only cpu'),
 ] + ([] if torch.cuda.is_available() else [(['--device', 'cuda'], '(no CUDA GPU here)')]))
 def test_flag_errors(tmp_path, capsys, flags, message):
@@ -165,8 +267,9 @@ def test_flag_errors(tmp_path, capsys, flags, message):
     (['--data', str(HERE / 'README.md')], f'{HERE}/README.md: Not a directory'),
     (FAST + ['--model', '{t}/nope'], "could not load model '{t}/nope' (not a local folder"),
     (FAST + ['--model', '{run}/best'], "model '{run}/best': "),  # a checkpoint: not pretrained
-    (FAST + ['--max-length', '5'], '--max-length 5 leaves -4 text tokens for this model (at most '
-     '512 positions)')])
+    (FAST + ['--max-length', '5'], 'max_length 5 leaves -4 text tokens (at most 512 positions)'),
+    (FAST + ['--max-length', '513'], 'max_length 513 leaves 504 text tokens (at most 512 '
+     'positions)')])
 def test_bad_data_and_model_fail_before_writing(base_run, tmp_path, argv, message):
     from test_data import write_hiagm
     good = json.dumps({'token': 'x', 'label': ['GCAT']})
@@ -243,25 +346,24 @@ def make_out(kind, tmp_path, run):
 
 @pytest.mark.parametrize('kind, flags, message', [
     ('notes', [], '--out {out}: holds no train.py run (it holds notes.txt...); choose another'),
-    ('notes', ['--resume'], '--resume: {out} holds no run to continue; start one without it'),
+    ('notes', ['--resume'], '--resume: {out} holds no run to continue'),
     ('look-alike', ['--overwrite'], '--overwrite: {out}/best/pytorch_model.bin is not a file '
      'train.py writes; nothing is deleted while it is there'),
     ('look-alike', [], '--out {out}: holds no train.py run (it holds best, last, metrics.jsonl'),
-    ('file', ['--overwrite'], '--out {out}: {out} is a file, not a folder'),
-    ('under a file', [], '--out {out}: {tmp}/out is a file, not a folder'),
+    ('file', ['--overwrite'], '{out}: File exists'),  # the OS's words
+    ('under a file', [], '{out}: Not a directory'),
     ('dangling link', [], '--out {out}: a symbolic link to nothing ({tmp}/gone)'),
-    ('nothing', ['--resume'], '--resume: {out} holds no run to continue; start one without it'),
+    ('nothing', ['--resume'], '--resume: {out} holds no run to continue'),
     ('run/e.json', [], '--out {out}: holds an earlier run; continue it with --resume, replace it '
      'with --overwrite, or choose another --out'),
     ('run/e.json', ['--overwrite'], '--overwrite: {out}/e.json is not a file train.py writes; '
      'nothing is deleted while it is there'),
     ('run/last/notes.txt', ['--overwrite'], '--overwrite: {out}/last/notes.txt is not a file'),
-    ('the repository', ['--overwrite'], '--out {out}: holds no train.py run (it holds '),
+    ('the repository', ['--overwrite'], '--overwrite: {out}/.'),  # .ci, .git, ...
     ('saved no epoch', [], '--out {out}: holds a train.py run that saved no epoch or is damaged '
      "(FileNotFoundError: [Errno 2] No such file or directory: '{out}/last/model.safetensors'); "
-     'replace it with --overwrite or choose another --out'),
-    ('saved no epoch', ['--resume'], '--resume: {out} holds no run to continue; start one with '
-     '--overwrite'),
+     'replace it with --overwrite, or choose another --out'),
+    ('saved no epoch', ['--resume'], '--resume: {out} holds no run to continue'),
     *[('locked', flags, '--out {out}: another train.py is using this folder; let it end, or '
        'choose another --out') for flags in ([], ['--resume'], ['--overwrite'])],
 ])
@@ -289,7 +391,7 @@ def test_unwritable_outputs_refused_before_computing(base_run, tmp_path):
     drop = ['setpriv', '--inh-caps=-all', '--bounding-set=-all'] if os.geteuid() == 0 else []
     for argv, message in [
             ([HERE / 'train.py', *FAST, '--out', tmp_path / 'ro' / 'run'],
-             f'error: --out {tmp_path}/ro/run: {tmp_path}/ro is not writable'),
+             f'error: {tmp_path}/ro/run: Permission denied'),
             ([HERE / 'evaluate.py', '--ckpt', base_run[1] / 'best', '--data', 'demo', '--out',
               tmp_path / 'ro' / 'e.json'], f'error: --out {tmp_path}/ro/e.json: {tmp_path}/ro '
              'is not writable')]:
@@ -419,8 +521,8 @@ def _one_less(split):
 
 
 @pytest.mark.parametrize('damage, message', [
-    *[(_one_less(s), "error: --resume: the documents of --data demo differ from the run's ("
-                     "{'train': 12, 'dev': 300, 'test': 300} then, ") for s in ('dev', 'test')],
+    *[(_one_less(s), 'error: --resume: the labels or documents of --data demo differ from the '
+                     "run's; start a new run") for s in ('dev', 'test')],
     (lambda last, mp: (last / 'model.safetensors').write_bytes(
         (last / 'model.safetensors').read_bytes()[:1000]), 'truncated or corrupt'),
     (lambda last, mp: os.remove(last / 'tokenizer.json'),
@@ -463,7 +565,7 @@ def _disk_full(mp):  # as a full disk fails a write, or the fsync that flushes i
      'interrupted before the first epoch was saved; nothing of it is kept',
      'interrupted: continue with --resume'),
     (lambda mp: mp.setattr(lhmix, 'make_batch', _raise(torch.OutOfMemoryError('CUDA OOM'))),
-     'error: out of GPU memory (train.py: try a smaller --batch)', None),
+     'error: out of GPU memory; try a smaller --batch', None),
     (_nan_weights, 'error: the weights became infinite or NaN in epoch 0 (try a lower --lr); this '
      'epoch is not saved', None),
     (_disk_full, 'error: {out}/best/tokenizer.json: No space left on device',  # the first file
@@ -587,8 +689,8 @@ def test_cuda_graph_steps_match_eager_on_gpu_bf16(mix):
     from test_data import tiny_model
     from test_lhmix import PARENTS
     device = torch.device('cuda')
-    if train.cuda_graphs_unavailable(device):
-        pytest.skip(train.cuda_graphs_unavailable(device))
+    if lhmix.cuda_graphs_unavailable(device):
+        pytest.skip(lhmix.cuda_graphs_unavailable(device))
     torch.manual_seed(0)
     model, _ = tiny_model(lhmix.Hierarchy(PARENTS))
     for m in model.modules():  # no dropout: the two runs draw no random masks

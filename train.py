@@ -4,10 +4,9 @@
     python train.py --data wos       # bert-base-uncased on WOS, as the paper (downloads WOS)
 
 The run folder (--out) gets metrics.jsonl (a line an epoch), the checkpoints best/ and last/
-(loadable after a kill at any instant: --resume continues) and test_metrics.json.
+(loadable after a kill at any instant: --resume continues), test_metrics.json.
 """
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -31,7 +30,7 @@ CONTROL = ('out', 'device', 'resume', 'overwrite', 'no_cuda_graphs')  # not part
 
 
 def within(cast, interval):
-    """An argparse type: a finite number in `interval`, such as '(0, 1]'."""
+    """An argparse type: a finite number in `interval`, such as '(0, 1]' (-h shows it)."""
     lo, hi = (float(x) for x in interval[1:-1].split(','))
 
     def number(text):
@@ -45,23 +44,22 @@ def within(cast, interval):
 
 
 def parse(argv=None):
-    """(the arguments, those given on the command line); -h shows each default, its source and
-    each number's range."""
+    """(the arguments, those given on the command line)."""
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
 
     def add(*flag, **kw):
-        if hasattr(kw.get('type'), 'interval'):
-            kw['help'] += f', in {kw["type"].interval}'
+        interval = getattr(kw.get('type'), 'interval', '')
+        kw['help'] += f', in {interval}' * bool(interval)
         p.add_argument(*flag, **kw)
     add('--data', required=True, help='wos, nyt, rcv1, a folder, or demo: synthetic, with '
         + ', '.join(f"--{k.replace('_', '-')} {v}" for k, v in DEMO.items()))
     add('--data-dir', help='the folder of wos, nyt or rcv1 (default: data/NAME)')
     add('--model', default='bert-base-uncased', help='a BERT-style masked LM, hub id or folder; '
         "tiny: a 2-layer BERT built from the data (default: the paper's %(default)s, Sec. 5.2)")
-    add('--arch', default='prompt', choices=['prompt', 'bert'], help="the paper's hierarchical "
-        "prompt, or Table 3's flat BERT: HGCLR's head (linear on [CLS]) and loss (BCE), trained "
-        'with the settings below, not HGCLR\'s (default: %(default)s)')
+    add('--arch', default='prompt', choices=['prompt', 'bert'], help="the paper's prompt, or Table "
+        "3's flat BERT: HGCLR's head (linear on [CLS]) and loss (BCE), trained with the settings "
+        "below, not HGCLR's (default: %(default)s)")
     add('--mix', default='lhmix', choices=['lhmix', 'mixup', 'none'],
         help='Table 3 (default: %(default)s)')
     add('--lr', type=within(float, '(0, inf)'), default=3e-5,
@@ -71,29 +69,28 @@ def parse(argv=None):
     add('--early-stop', type=within(int, '[1, inf)'), default=5, help='after so many epochs '
         "without a better dev macro-F1 (default: the paper's %(default)s)")
     add('--epochs', type=within(int, '[1, inf)'), default=100,
-        help='at most (default: %(default)s, ours; early stopping ends runs before it)')
+        help='at most (default: %(default)s, ours; runs stop early before it)')
     add('--alpha', type=within(float, '(0, inf)'), default=1.0,
         help="Eq. 4 (default: %(default)s, the authors' README command for RCV1)")
-    add('--beta', type=within(float, '[0.5, 1]'), default=0.75, help='Eq. 4; 0.5: lambda 0.5 for '
-        "every pair (default: %(default)s, as --alpha)")
+    add('--beta', type=within(float, '[0.5, 1]'), default=0.75,
+        help='Eq. 4; 0.5 mixes every pair at 0.5 (default: %(default)s, as --alpha)')
     add('--mix-alpha', type=within(float, '(0, inf)'), default=1.0, help="vanilla Mixup's "
-        "Beta(a, a), a draw per document (default: %(default)s, Zhang et al.'s; their code draws "
-        'one per batch)')
+        "Beta(a, a), drawn per document (default: %(default)s, Zhang et al.'s, drawn per batch)")
     add('--batch', type=within(int, '[1, inf)'), default=16,
         help="documents a step (default: HPT's %(default)s)")
     add('--max-length', type=within(int, '[1, inf)'), default=512,
         help="tokens an input (default: HPT's %(default)s)")
     add('--no-mlm', action='store_true', help="without HPT's MLM loss (the authors' code has it)")
     add('--train-fraction', type=within(float, '(0, 1]'), default=1.0,
-        help='train on this random part of the training split (Fig. 4; default: %(default)s)')
+        help='a random part of the training split (Fig. 4; default: %(default)s)')
     add('--seed', type=within(int, '[0, 4294967295]'), default=0, help='(default: %(default)s)')
     add('--out', help='the run folder (default: out/DATA-ARCH-MIX-sSEED)')
     add('--device', type=evaluate.device, default='cuda' if torch.cuda.is_available() else 'cpu',
         help='cpu, cuda or cuda:N (default: cuda if there is one)')
     add('--resume', action='store_true',
-        help='continue the run in --out with its settings (a given --epochs extends it)')
+        help="continue --out's run, its settings kept (a given --epochs extends it)")
     add('--overwrite', action='store_true',
-        help='replace the run in --out (its files are deleted as this one saves its first epoch)')
+        help="replace the run in --out (its files go when this one's first epoch is saved)")
     add('--no-cuda-graphs', action='store_true', help='run the GPU steps eagerly')
     args = p.parse_args(argv)
     if args.data == 'demo':
@@ -108,8 +105,7 @@ def parse(argv=None):
     return args, given
 
 
-# -----------------------------------------------------------------------------
-# Prepare: the settings, data, model and state of a new run, or of the run in --out
+# Prepare: a new run, or the run in --out
 
 @dataclass
 class Run:
@@ -117,28 +113,21 @@ class Run:
     folder: runs.RunFolder
     model: lhmix.LHMix
     tokenizer: object
-    meta: dict                 # the settings and the data's digest, kept in every checkpoint
-    tokens: dict               # {split: word-pieces of each document}
-    gold: dict                 # {split: label ids of each document}
-    train_labels: list         # of the whole training split: label frequencies for Fig. 7
+    meta: dict          # settings and data digest, in every checkpoint
+    tokens: dict        # {split: each document's word-pieces}
+    gold: dict          # {split: each document's label ids}
+    train_labels: list  # the whole training split's, for Fig. 7
     history: list = field(default_factory=list)  # metrics.jsonl's lines
-    extra: dict = field(default_factory=dict)    # last/'s tensors: Adam, the local hierarchies
-
-
-def digest(hierarchy, splits):
-    """What --resume checks against the run's: the labels and every split's documents."""
-    x = json.dumps([hierarchy.labels, hierarchy.parent, splits]).encode()
-    return {'sha256': hashlib.sha256(x).hexdigest(), 'documents': {s: len(d) for s, d in
-                                                                   splits.items()}}
+    extra: dict = field(default_factory=dict)    # last/'s other tensors
+    adam: dict = field(default_factory=dict)     # Adam's state_dict()['state']
 
 
 def prepare(args, given, folder):
-    """--resume: the run's own settings, but a given --epochs; each other given one that differs
-    is said. Ends with the local hierarchies encoded by the initial encoder (Sec. 4.1)."""
-    run = {'history': [], 'extra': {}}
+    """--resume: the run's own settings but a given --epochs; a differing given one is said."""
+    state = {}
     if args.resume:
         model, tokenizer, last = folder.load_last()
-        saved, run = last['args'], {'history': last['history'], 'extra': last['extra']}
+        saved, state = last['args'], {k: last[k] for k in ('history', 'extra', 'adam')}
         for k, v in given.items():
             if k in saved and k != 'epochs' and v != saved[k]:
                 print(f'--resume: the run keeps its saved --{k.replace("_", "-")} {saved[k]} '
@@ -147,100 +136,42 @@ def prepare(args, given, folder):
                                      'epochs': given.get('epochs', saved['epochs'])})
     torch.manual_seed(args.seed)
     hierarchy, splits = data.load_data(args.data, args.data_dir)
-    used = dict(splits)  # the training documents: all, or --train-fraction of them
+    used = dict(splits)  # --train-fraction of the training documents
     if args.train_fraction < 1:
         keep = np.random.default_rng(args.seed).permutation(len(splits['train']))
-        keep = sorted(keep[:math.ceil(args.train_fraction * len(keep))])
-        used['train'] = [splits['train'][i] for i in keep]
+        used['train'] = [splits['train'][i] for i in
+                         sorted(keep[:math.ceil(args.train_fraction * len(keep))])]
     meta = {'args': {k: v for k, v in vars(args).items() if k not in CONTROL},
-            'data': digest(hierarchy, used)}
+            'data': runs.digest(hierarchy, used)}
     if args.resume:
-        runs.check_labels(model.hierarchy, hierarchy, os.path.join(args.out, 'last'))
         if last['data'] != meta['data']:
-            raise ValueError(f'--resume: the documents of --data {args.data} differ from the '
-                             f"run's ({last['data']['documents']} then, "
-                             f"{meta['data']['documents']} now); start a new run")
+            raise ValueError(f'--resume: the labels or documents of --data {args.data} differ '
+                             "from the run's; start a new run")
     else:
         mlm, tokenizer = (data.tiny_bert([t for t, _ in used['train']] + hierarchy.names)
                           if args.model == 'tiny' else data.load_pretrained(args.model))
         model = lhmix.build_model(mlm, tokenizer, hierarchy, args.arch, args.max_length)
-        run['extra']['labels_at_init'] = model.label_embeddings().detach().clone()  # for tools/
-    budget, most = model.text_budget(args.max_length), model.mlm.config.max_position_embeddings
-    if not 0 < budget <= model.text_budget(most):
-        raise ValueError(f'--max-length {args.max_length} leaves {budget} text tokens for this '
-                         f'model (at most {most} positions)')
-    tokens, cut = {}, {}
-    for name, docs in used.items():
-        tokens[name], cut[name] = lhmix.tokenize(tokenizer, [t for t, _ in docs], budget)
+        state['extra'] = {'labels_at_init': model.label_embeddings().detach().clone()}
+    budget = model.text_budget(args.max_length)
+    tokens = {k: lhmix.tokenize(tokenizer, [t for t, _ in d], budget) for k, d in used.items()}
     print(f'{len(hierarchy)} labels, depth {hierarchy.num_depths}; documents '
-          + ', '.join(f'{k} {len(v)}' for k, v in tokens.items())
-          + f'; cut to --max-length {args.max_length}: ' + ', '.join(f'{k} {cut[k]}' for k in cut))
-    run = Run(args, folder, model.to(args.device), tokenizer, meta, tokens,
-              {k: [ls for _, ls in docs] for k, docs in used.items()},
-              [ls for _, ls in splits['train']], **run)
-    if args.mix == 'lhmix':
-        if 'table' not in run.extra:
-            run.extra['table'], run.extra['hierarchy_ids'] = lhmix.local_hierarchy_table(
-                model, tokenizer, run.gold['train'])
-            print(f"{len(run.extra['table'])} distinct local hierarchies encoded")
-        model.use_local_hierarchies(run.extra['table'].to(args.device), args.alpha, args.beta)
-    return run
+          + ', '.join(f'{k} {len(v[0])}' for k, v in tokens.items()) + f'; cut to --max-length '
+          f'{args.max_length}: ' + ', '.join(f'{k} {v[1]}' for k, v in tokens.items()))
+    return Run(args, folder, model.to(args.device), tokenizer, meta,
+               {k: v[0] for k, v in tokens.items()},
+               {k: [ls for _, ls in docs] for k, docs in used.items()},
+               [ls for _, ls in splits['train']], **state)
 
 
-# -----------------------------------------------------------------------------
-# One step: forward, backward, Adam; on GPUs replayed from a CUDA graph (the GPU's own time)
-
-def cuda_graphs_unavailable(device):
-    """Why CUDA graphs cannot run the steps on `device`, or None when they can."""
-    if device.type != 'cuda':
-        return 'not a CUDA device'
-    if not torch.cuda.is_bf16_supported():
-        return 'no bf16 on this GPU (fp16 needs a loss scaler that syncs)'
-    if not lhmix.TRANSFORMERS_5:  # 4.x checks the attention mask on the host
-        return 'transformers 4 syncs inside the encoder (5 does not)'
-    return None
-
-
-class CUDAGraphs:
-    """fn(**tensors) replayed from a CUDA graph captured once per set of input shapes (no Python
-    or launch overhead), warmup(**tensors) run before each capture. A replay overwrites the
-    graph's outputs."""
-
-    def __init__(self, fn, warmup):
-        self.fn, self.warmup, self.graphs = fn, warmup, {}
-        self.pool = torch.cuda.graph_pool_handle()
-
-    def __call__(self, **inputs):
-        key = tuple((k, tuple(v.shape), v.dtype) for k, v in inputs.items())
-        if key not in self.graphs:
-            static = {k: v.clone() for k, v in inputs.items()}
-            side = torch.cuda.Stream()  # capture requires a run on a side stream first
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self.warmup(**static)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                out = self.fn(**static)
-            self.graphs[key] = graph, static, out
-        graph, static, out = self.graphs[key]
-        for k, v in inputs.items():
-            static[k].copy_(v, non_blocking=True)
-        graph.replay()
-        return out
-
+# One step: forward, backward, Adam; on GPUs replayed from a CUDA graph
 
 def make_step(model, lr, graphs, adam=None):
-    """(step, Adam): step(**batch) -> (loss, lambda or None) with no host sync: forward, backward,
-    Adam (its state from `adam`, extras adam.<parameter>.<name>); as CUDA graphs with `graphs`."""
+    """(step, Adam): step(**batch) -> (loss, lambda or None), no host sync: forward, backward,
+    Adam (from its state `adam`); as CUDA graphs with `graphs`."""
     device = next(model.parameters()).device
     opt = torch.optim.Adam(model.parameters(), lr=lr, fused=device.type == 'cuda',
                            capturable=graphs)
-    state = {}
-    for key, v in (adam or {}).items():
-        _, i, name = key.split('.')
-        state.setdefault(int(i), {})[name] = v
-    opt.load_state_dict({'state': state, 'param_groups': opt.state_dict()['param_groups']})
+    opt.load_state_dict({'state': adam or {}, 'param_groups': opt.state_dict()['param_groups']})
     # fp16 (GPUs without bf16; no graphs) needs loss scaling; the scale restarts at --resume
     scaler = torch.amp.GradScaler(enabled=device.type == 'cuda'
                                   and not torch.cuda.is_bf16_supported())
@@ -264,24 +195,22 @@ def make_step(model, lr, graphs, adam=None):
 
     if not graphs:
         return step, opt
-    # Adam's state made outside the graph: a step on zero gradients moves no weight; its step
-    # count is undone (the warning: this step is not captured)
+    # Adam's state made outside the graph by a step on zero gradients (no weight moves), its
+    # count undone; the warning says the step is not captured
     if any(not opt.state[p] for p in params):
         with warnings.catch_warnings():
             warnings.simplefilter('ignore')
             opt.step()
         for p in params:
             opt.state[p]['step'].zero_()
-    return CUDAGraphs(step, warmup=forward_backward), opt
+    return lhmix.CUDAGraphs(step, warmup=forward_backward), opt
 
 
-# -----------------------------------------------------------------------------
 # One epoch, the epochs (fit), the test
 
 def train_epoch(run, step, epoch, bar):
-    """One pass over the training set: (mean loss, the lambdas used or None). Mixing batches are
-    random (partners: lhmix.train_batches), so graphed steps take their documents in one packed
-    row (lhmix.layout); eager ones pad them (nested tensors' Python dispatch costs more)."""
+    """An epoch's (mean loss, lambdas or None). Mixing batches are random: graphed steps pack
+    them in one row, eager ones pad them (nested tensors' Python dispatch costs more)."""
     args, model, tokens, gold = run.args, run.model, run.tokens['train'], run.gold['train']
     device = next(model.parameters()).device
     rng = np.random.default_rng([args.seed, epoch])  # per-epoch streams make --resume repeatable
@@ -291,7 +220,7 @@ def train_epoch(run, step, epoch, bar):
     model.train()
     total, lams = torch.zeros((), device=device), []
     batches = lhmix.train_batches([len(t) for t in tokens], args.batch, rng, mixing)
-    graphed = isinstance(step, CUDAGraphs)
+    graphed = isinstance(step, lhmix.CUDAGraphs)
     for idx, partner in batches:
         batch = lhmix.make_batch(model, [tokens[i] for i in idx], [gold[i] for i in idx],
                                  lhmix.pad_multiple(device), rng, mlm_rate, graphed,
@@ -304,7 +233,7 @@ def train_epoch(run, step, epoch, bar):
                 lam = rng.beta(args.mix_alpha, args.mix_alpha, len(idx))
                 batch['lam'] = torch.from_numpy(np.maximum(lam, 1 - lam)).float()
         loss, lam = step(**lhmix.to_device(batch, device))
-        total += loss  # summed on the device: no host sync in the loop
+        total += loss  # on the device: no host sync
         if lam is not None:
             lams.append(lam.clone())  # a graph's next replay overwrites its output
         bar.update(1)
@@ -340,13 +269,19 @@ def epoch_line(run, epoch, loss, lam, seconds):
 
 
 def fit(run):
-    """Epochs until --epochs or early stopping, each saved whole in --out."""
+    """Epochs until --epochs or early stopping, each saved; first, LH-Mix's local hierarchies
+    encoded once by the initial encoder (Sec. 4.1)."""
     args, model = run.args, run.model
-    why_not = not args.no_cuda_graphs and cuda_graphs_unavailable(args.device)
-    if why_not and args.device.type == 'cuda':
+    if args.mix == 'lhmix':
+        if 'table' not in run.extra:
+            run.extra['table'], run.extra['hierarchy_ids'] = lhmix.local_hierarchy_table(
+                model, run.tokenizer, run.gold['train'])
+            print(f"{len(run.extra['table'])} distinct local hierarchies encoded")
+        model.use_local_hierarchies(run.extra['table'].to(args.device), args.alpha, args.beta)
+    why_not = args.no_cuda_graphs or lhmix.cuda_graphs_unavailable(args.device)
+    if why_not and args.device.type == 'cuda' and not args.no_cuda_graphs:
         print(f'CUDA graphs off: {why_not}', file=sys.stderr)
-    step, opt = make_step(model, args.lr, not (args.no_cuda_graphs or why_not),
-                          {k: v for k, v in run.extra.items() if k.startswith('adam.')})
+    step, opt = make_step(model, args.lr, not why_not, run.adam)
     steps = -(-len(run.tokens['train']) // args.batch)
     with tqdm(total=steps * max(args.epochs - len(run.history), 0), disable=None) as bar:
         for epoch in range(len(run.history), args.epochs):
@@ -359,15 +294,12 @@ def fit(run):
             if not all(torch.isfinite(p).all() for p in model.parameters()):
                 raise FloatingPointError(f'the weights became infinite or NaN in epoch {epoch} '
                                          '(try a lower --lr); this epoch is not saved')
-            run.extra.update({f'adam.{i}.{k}': v for i, s in opt.state_dict()['state'].items()
-                              for k, v in s.items()})
-            run.folder.save(model, run.tokenizer, run.meta, run.history, run.extra,
+            run.folder.save(model, run.tokenizer, run.meta, run.history, run.extra, opt,
                             improved=since_best(run.history) == 0)
 
 
 def test(run):
-    """The test figures of the best-dev checkpoint, as evaluate.py computes them (label
-    frequencies: in the whole training split)."""
+    """The best-dev checkpoint's test figures, as evaluate.py computes them."""
     best, _, meta = runs.load_checkpoint(os.path.join(run.folder.path, 'best'), run.args.device)
     result = evaluate.report(lhmix.score_documents(best, run.tokens['test']) > 0,
                              run.gold['test'], best.hierarchy, run.train_labels)

@@ -45,7 +45,7 @@ p.add_argument('--epoch', action='store_true',
                help="instead: two train.py epochs at WOS's size with Mixup (LH-Mix)")
 args = p.parse_args()
 device = args.device
-cuda, why_not = device.type == 'cuda', train.cuda_graphs_unavailable(device)
+cuda, why_not = device.type == 'cuda', lhmix.cuda_graphs_unavailable(device)
 args.size, args.steps, args.rounds = (args.size or ('base' if cuda else 'tiny'),
                                       args.steps or (30 if cuda else 3),
                                       args.rounds or (9 if cuda else 2))

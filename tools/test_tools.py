@@ -11,7 +11,6 @@ import pytest
 
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(TOOLS))
-import data  # noqa: E402
 import evaluate  # noqa: E402
 import runs  # noqa: E402
 import similar  # noqa: E402
