@@ -130,8 +130,8 @@ def evaluate(args):
         data.write_whole(args.out, json.dumps(r, indent=1))
     if args.save_predictions:
         data.write_whole(args.save_predictions, ''.join(
-            json.dumps({'labels': [hierarchy.labels[v] for v in np.flatnonzero(row)]}) + '\n'
-            for row in pred))
+            json.dumps({'labels': [hierarchy.labels[v] for v in np.flatnonzero(p)]}) + '\n'
+            for p in pred))
 
 
 def main(argv=None):

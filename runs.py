@@ -162,7 +162,7 @@ class RunFolder:
         try:
             self.replacing = self._check(resume, overwrite)
         except BaseException:
-            self.release(failed=True)
+            self.__exit__(True)
             raise
         self.saved = resume  # until then, a failure deletes what this run wrote
 
@@ -199,20 +199,21 @@ class RunFolder:
                   f'({why}); replacing it', file=sys.stderr)
         return True
 
-    def release(self, failed):
-        """Unlocks; failed before a first save, deletes what it wrote and the folders it made."""
-        if failed and not self.saved and not self.replacing:
+    def delete_unsaved(self):
+        """What this run wrote (if it saved no epoch) and the folders it made, if empty."""
+        if not self.saved and not self.replacing:
             delete_run(self.path)
-        for folder in self.made if failed else ():
+        for folder in self.made:
             with contextlib.suppress(OSError):
                 os.rmdir(folder)
-        os.close(self.fd)
 
     def __enter__(self):
         return self
 
-    def __exit__(self, failed, *_):
-        self.release(failed is not None)
+    def __exit__(self, failed, *_):  # unlocks; on failure first deletes what it may
+        if failed:
+            self.delete_unsaved()
+        os.close(self.fd)
 
     def load_last(self, device='cpu'):
         """last/'s (model, tokenizer, meta); meta['adam']: Adam's state, as its state_dict's."""

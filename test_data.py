@@ -37,7 +37,6 @@ def error(call):  # the message of the ValueError `call` raises, checked to be o
     return str(e.value)
 
 
-# -----------------------------------------------------------------------------
 # Reading files. One that cannot be read (as root: without the capabilities that override
 # permissions): Python's own error, naming the file and why, is what train.py and evaluate.py print
 
@@ -85,7 +84,6 @@ def test_unreadable_files_name_the_file_and_why(tmp_path):
         assert str(tmp_path / folder / name) in line and 'Permission denied' in line, line
 
 
-# -----------------------------------------------------------------------------
 # HPT's WOS split, the raw WOS table and its download; HiAGM/HPT-format folders, load_data
 
 # Reference indices from HPT's procedure, computed once with scikit-learn 1.9.1 / numpy 2.4.6 in a
@@ -462,7 +460,6 @@ def test_load_hiagm_errors_name_file_and_line(tmp_path, name, lines, message):
     assert msg.startswith(f'{path}{message.format(f=folder)}')
 
 
-# -----------------------------------------------------------------------------
 # The pretrained model a run starts from; tiny BERTs for the tests
 
 PARENTS = {'Sci': None, 'Art': None, 'Sci/physics': 'Sci', 'Art/jazz': 'Art',

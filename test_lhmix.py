@@ -20,7 +20,6 @@ import lhmix  # noqa: E402
 from test_data import TEXTS, error, tiny_model, write_lines  # noqa: E402
 
 
-# -----------------------------------------------------------------------------
 # ZMLCE: Eq. 2, per row log(1 + sum_{neg} e^s) + log(1 + sum_{pos} e^-s), and its gradient, Eq. 8
 
 def zmlce_refs(scores, targets, valid=None):
@@ -151,7 +150,6 @@ def test_fused_zmlce_kernel_on_a_cpu_by_tritons_interpreter():
         np.testing.assert_allclose(grad, ref_grad * np.asarray(up)[..., None], atol=tol)
 
 
-# -----------------------------------------------------------------------------
 # Eqs. 3-7: hierarchy similarity, mixing ratio, Mixup of hidden states, mixed loss
 
 def _cos_ratio(u, v, alpha, beta):  # Eqs. 3 and 4 in float64
@@ -196,7 +194,6 @@ def test_mix_hidden_eq5():
     np.testing.assert_allclose(lhmix.mix_hidden(h_i, h_j, lam), l * a + (1 - l) * b, atol=1e-6)
 
 
-# -----------------------------------------------------------------------------
 # The hierarchy (Sec. 3); the prompt template, verbalizer (Eq. 1), model and batches (Sec. 3.2)
 
 def test_hierarchy_from_taxonomy_and_parent_map(tmp_path):
@@ -460,7 +457,6 @@ def test_one_packed_row_gives_the_loss_and_gradients_of_one_document_a_row(arch,
         assert (g is None) == (h is None) and (g is None or (h - g).norm() <= tol * g.norm() + atol)
 
 
-# -----------------------------------------------------------------------------
 # Local hierarchies (Sec. 4.1): the sequences and the cached [CLS] table
 
 def test_local_hierarchy_ids_and_table_equal_live_frozen_encoder(tiny):
@@ -497,7 +493,6 @@ def test_local_hierarchy_ids_and_table_equal_live_frozen_encoder(tiny):
     assert s == pytest.approx(_cos_ratio(live[0], live[3], 1, 1)[0], abs=1e-5)
 
 
-# -----------------------------------------------------------------------------
 # train_batches: Mixup partners a uniformly random permutation of a uniformly random batch (as
 # the authors' randperm(B) and Zhang et al.'s Mixup); without Mixup, length-bucketed batches
 

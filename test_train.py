@@ -75,7 +75,6 @@ def resume(out, *extra):
     train.main(['--data', 'demo', '--device', 'cpu', '--out', str(out), '--resume', *extra])
 
 
-# -----------------------------------------------------------------------------
 # End to end on the demo set
 
 @pytest.fixture(scope='module')
@@ -138,7 +137,6 @@ def test_one_epoch_variants_and_dev_f1_by_hand(tmp_path, arch, mix, flags):
     assert line['dev_macro_f1'] == pytest.approx(sum(f1) / len(f1))
 
 
-# -----------------------------------------------------------------------------
 # What a run draws: its batches, Mixup partners and ratios, MLM masks, epoch by epoch
 
 @pytest.fixture(scope='module')
@@ -235,7 +233,6 @@ def test_early_stopping_on_dev_macro_f1_and_best_the_first_of_equals(tmp_path, m
     assert test['best_epoch'] == 1 == runs.load_checkpoint(str(out / 'best'))[2]['epoch']
 
 
-# -----------------------------------------------------------------------------
 # Bad flags, data and models: one error line before anything is written
 
 @pytest.mark.parametrize('flags, message', [
@@ -261,6 +258,17 @@ def test_flag_errors(tmp_path, capsys, flags, message):
     assert os.listdir(tmp_path) == []
 
 
+def test_help_shows_each_default_its_source_and_range(capsys):
+    with pytest.raises(SystemExit):
+        train.parse(['-h'])
+    help = ' '.join(capsys.readouterr().out.split())
+    for flag in ("--beta BETA Eq. 4; 0.5 mixes every pair at 0.5 (default: 0.75, as --alpha), in "
+                 '[0.5, 1]', "--lr LR Adam's learning rate (default: the paper's 3e-05), in (0, "
+                 'inf)', '--train-fraction TRAIN_FRACTION a random part of the training split '
+                 '(Fig. 4; default: 1.0), in (0, 1]', "not HGCLR's (default: prompt)"):
+        assert flag in help, help
+
+
 @pytest.mark.parametrize('argv, message', [
     (['--data', '{t}/data', '--model', 'tiny', '--device', 'cpu'],
      '{t}/data/toy_val.json:3: malformed JSON'),
@@ -280,7 +288,6 @@ def test_bad_data_and_model_fail_before_writing(base_run, tmp_path, argv, messag
     assert sorted(os.listdir(tmp_path)) == ['data']
 
 
-# -----------------------------------------------------------------------------
 # --out, --overwrite, --resume: only train.py's own files are ever replaced or deleted
 
 @pytest.fixture(scope='module')
@@ -378,7 +385,7 @@ def test_out_refused_before_computing_anything(base_run, tmp_path, monkeypatch, 
     assert msg.startswith('error: ' + message.format(out=out, tmp=tmp_path)), msg
     assert [tree_state(p) for p in watched] == before
     if held:  # and once that one has ended, the run continues
-        held.release(failed=False)
+        held.__exit__(None)
         monkeypatch.undo()
         resume(out)
 
@@ -536,7 +543,6 @@ def test_resume_refuses_changed_data_or_a_damaged_checkpoint(base_run, tmp_path,
     assert tree_state(out) == before
 
 
-# -----------------------------------------------------------------------------
 # Interruptions and failures: one line, nothing half-written, --resume gives the same result
 
 def _raise(exc):
@@ -663,7 +669,6 @@ def test_a_closed_pipe_ends_quietly(tmp_path):
     assert p.wait() == 1 and 'Error' not in err and 'Exception' not in err, err
 
 
-# -----------------------------------------------------------------------------
 # CUDA graphs: steps replayed from graphs give the eager numbers
 
 def _run_steps(model, docs, labels, ids, device, mix, graphs, steps=10):
@@ -708,7 +713,6 @@ def test_cuda_graph_steps_match_eager_on_gpu_bf16(mix):
     assert graphed == pytest.approx(eager, rel=2e-2, abs=2e-2)  # bf16 autocast
 
 
-# -----------------------------------------------------------------------------
 # The README's Python examples run as written
 
 def test_readme_examples_run_as_written(demo_run, tmp_path, monkeypatch, capsys):

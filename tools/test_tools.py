@@ -11,6 +11,7 @@ import pytest
 
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(TOOLS))
+import data  # noqa: E402
 import evaluate  # noqa: E402
 import runs  # noqa: E402
 import similar  # noqa: E402
@@ -26,10 +27,15 @@ def run(tmp_path_factory):
     return out
 
 
-def test_bench_runs_on_a_cpu_at_tiny_sizes():
-    p = subprocess.run([sys.executable, os.path.join(TOOLS, 'bench.py'), '--device', 'cpu',
-                        '--steps', '2', '--rounds', '1'], capture_output=True, text=True,
-                       timeout=300)
+def test_bench_runs_on_a_cpu_at_tiny_sizes_by_default_and_says_its_defaults():
+    bench = [sys.executable, os.path.join(TOOLS, 'bench.py'), '--device', 'cpu']
+    help = ' '.join(subprocess.run(bench + ['-h'], capture_output=True, text=True).stdout.split())
+    for flag in ("--batch BATCH documents a step (default: 16, train.py's)",
+                 '--steps STEPS batches per timed pass (default: 30 on a GPU, 3 on a CPU)',
+                 '--rounds ROUNDS timed passes, the median reported (default: 9 on a GPU, 2 on a '
+                 'CPU)'):
+        assert flag in help, help
+    p = subprocess.run(bench, capture_output=True, text=True, timeout=300)  # the smoke test
     lines = p.stdout.splitlines()
     assert p.returncode == 0 and lines[0].startswith('CPU, torch'), p.stderr[-2000:]
     rows = [line.rsplit(None, 3) for line in lines[3:7]]
@@ -72,6 +78,23 @@ def test_summary_groups_by_setting_with_welch_p_values(tmp_path, capsys, monkeyp
     monkeypatch.setitem(sys.modules, 'scipy.stats', None)  # as if scipy were not installed
     rows = summary.summary(a + b)
     assert 'pip install scipy' in capsys.readouterr().out and rows[1]['p'] is None
+
+
+@pytest.mark.parametrize('tool', ['summary', 'similar'])
+def test_a_closed_pipe_ends_quietly(run, tool):
+    argv = [str(run)] if tool == 'summary' else ['--ckpt', str(run / 'best'), '--label', 'optics']
+    p = subprocess.Popen([sys.executable, os.path.join(TOOLS, f'{tool}.py'), *argv],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # `... | head -0`
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait() == 1 and err == '', err
+
+
+def test_a_missing_prediction_file_is_named_before_any_data_is_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, 'load_data', lambda *a: pytest.fail('read the data first'))
+    msg = error_of(lambda: summary.main(['--predictions', str(tmp_path / 'p.jsonl'), '--data',
+                                         'wos']))
+    assert msg == f'error: {tmp_path}/p.jsonl: No such file or directory'
 
 
 def test_summary_of_a_run_and_of_its_saved_predictions(run, tmp_path, capsys):
