@@ -212,8 +212,8 @@ def local_hierarchy_ids(model, label_ids, name_ids):
 
 @torch.no_grad()
 def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
-    """(table (U, H), each set's index in it (N,)): the [CLS] of each distinct local hierarchy,
-    encoded once before training (the frozen encoder, Sec. 4.1)."""
+    """(table (U, H) on the model's device, each set's index in it (N,) on the CPU): the [CLS] of
+    each distinct local hierarchy, encoded once before training (the frozen encoder, Sec. 4.1)."""
     keys = [tuple(sorted(s)) for s in label_sets]
     distinct = sorted(set(keys))
     name_ids = model.name_ids(tokenizer)
@@ -227,7 +227,7 @@ def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
         out.append(model.encode(ids, mask)[:, 0].float())
     model.train(was_training)
     index = {k: i for i, k in enumerate(distinct)}
-    return torch.cat(out), torch.tensor([index[k] for k in keys], device=device)
+    return torch.cat(out), torch.tensor([index[k] for k in keys])
 
 
 def hierarchy_similarity(h_i, h_j):

@@ -35,7 +35,8 @@ p.add_argument('--size', choices=SIZES,
                help='bert-base or a tiny BERT (default: base on a GPU, tiny on a CPU)')
 p.add_argument('--batch', type=int, default=16,
                help="documents a step (default: %(default)s, train.py's)")
-p.add_argument('--steps', type=int, help='batches per timed pass (default: 30 on a GPU, 3 on a CPU)')
+p.add_argument('--steps', type=int,
+               help='batches per timed pass (default: 30 on a GPU, 3 on a CPU)')
 p.add_argument('--rounds', type=int,
                help='timed passes, the median reported (default: 9 on a GPU, 2 on a CPU)')
 p.add_argument('--device', type=evaluate.device,
