@@ -142,11 +142,11 @@ def test_one_epoch_variants_and_dev_f1_by_hand(tmp_path, arch, mix, flags):
 @pytest.fixture(scope='module')
 def recorded(tmp_path_factory):
     """Each epoch's steps of real runs, as train.py's step sees them: (batch, lambda, torch's
-    random state). Prompt + LH-Mix on the whole demo training split (two epochs, Mixup from the
-    first), Prompt + Mixup and BERT + LH-Mix on FAST's 12 documents."""
+    random state). Prompt + LH-Mix on the whole demo training split (two epochs, batch 32, Mixup
+    from the first), Prompt + Mixup and BERT + LH-Mix on FAST's 12 documents."""
     root, make, one_epoch, out = tmp_path_factory.mktemp('recorded'), train.make_step, \
         train.train_epoch, {}
-    for name, flags in [('lhmix', ['--train-fraction', '1', '--epochs', '2']),
+    for name, flags in [('lhmix', ['--train-fraction', '1', '--epochs', '2', '--batch', '32']),
                         ('mixup', ['--mix', 'mixup', '--epochs', '1']),
                         ('bert', ['--arch', 'bert', '--epochs', '1'])]:
         epochs = []
