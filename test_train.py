@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 os.environ['HF_HUB_OFFLINE'] = '1'  # never reach the hub, whatever a test does
@@ -396,15 +397,17 @@ def test_unwritable_outputs_refused_before_computing(base_run, tmp_path):
     capabilities that override permissions)."""
     (tmp_path / 'ro').mkdir(mode=0o555)
     drop = ['setpriv', '--inh-caps=-all', '--bounding-set=-all'] if os.geteuid() == 0 else []
-    for argv, message in [
-            ([HERE / 'train.py', *FAST, '--out', tmp_path / 'ro' / 'run'],
-             f'error: {tmp_path}/ro/run: Permission denied'),
-            ([HERE / 'evaluate.py', '--ckpt', base_run[1] / 'best', '--data', 'demo', '--out',
-              tmp_path / 'ro' / 'e.json'], f'error: --out {tmp_path}/ro/e.json: {tmp_path}/ro '
-             'is not writable')]:
-        p = subprocess.run(drop + [sys.executable, *map(str, argv)], capture_output=True,
-                           text=True, env={**os.environ, 'HF_HUB_OFFLINE': '1'})
-        assert p.returncode == 1 and p.stderr.splitlines()[-1] == message, p.stderr[-2000:]
+    cases = [([HERE / 'train.py', *FAST, '--out', tmp_path / 'ro' / 'run'],
+              f'error: {tmp_path}/ro/run: Permission denied'),
+             ([HERE / 'evaluate.py', '--ckpt', base_run[1] / 'best', '--data', 'demo', '--out',
+               tmp_path / 'ro' / 'e.json'], f'error: --out {tmp_path}/ro/e.json: {tmp_path}/ro '
+              'is not writable')]
+    procs = [subprocess.Popen(drop + [sys.executable, *map(str, argv)], stderr=subprocess.PIPE,
+                              text=True, env={**os.environ, 'HF_HUB_OFFLINE': '1'})
+             for argv, _ in cases]  # side by side
+    for p, (_, message) in zip(procs, cases):
+        err = p.stderr.read()
+        assert p.wait() == 1 and err.splitlines()[-1] == message, err[-2000:]
     assert os.listdir(tmp_path / 'ro') == []
 
 
@@ -462,7 +465,7 @@ def test_overwrite_replaces_a_damaged_run_saying_what_was_damaged(base_run, tmp_
     assert is_whole_run(out) and len(read_metrics(out)) == 1
 
 
-RACE = [sys.executable, str(HERE / 'train.py'), *FAST, '--epochs', '2', '--train-fraction', '0.1']
+RACE = [sys.executable, str(HERE / 'train.py'), *FAST, '--epochs', '2', '--train-fraction', '0.05']
 
 
 def test_two_runs_started_at_once_on_one_folder_one_trains(base_run, tmp_path):
@@ -504,12 +507,10 @@ def test_a_kill_at_a_random_instant_never_leaves_a_lock(base_run, tmp_path):
     procs = [subprocess.Popen(RACE + ['--out', str(tmp_path / f'run{n}')] + ['--resume'] * n,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
              for n in (0, 1)]
+    time.sleep(rng.uniform(0, 6))  # both killed at one random instant, if still running
     for p in procs:
-        try:
-            p.wait(timeout=rng.uniform(0, 6))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        p.kill()
+        p.wait()
     procs = [subprocess.Popen(RACE + ['--out', str(tmp_path / f'run{n}'), '--resume'], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
              for n in (0, 1)]
@@ -660,15 +661,6 @@ def test_a_kill_at_any_rename_leaves_loadable_checkpoints_and_the_next_run_clean
             assert results(out) == results(base_run[1])
         assert os.listdir(out.parent) == ['run'] and is_whole_run(out)
         assert [m['epoch'] for m in read_metrics(out)] == [0, 1]
-
-
-def test_a_closed_pipe_ends_quietly(tmp_path):
-    p = subprocess.Popen([sys.executable, str(HERE / 'train.py'), *FAST, '--epochs', '1',
-                          '--out', str(tmp_path / 'run')], stdout=-1, stderr=-1,
-                         env={**os.environ, 'HF_HUB_OFFLINE': '1'})  # `train.py ... | head -1`
-    p.stdout.close()
-    err = p.stderr.read().decode()
-    assert p.wait() == 1 and 'Error' not in err and 'Exception' not in err, err
 
 
 # CUDA graphs: steps replayed from graphs give the eager numbers

@@ -27,7 +27,7 @@ def run(tmp_path_factory):
     return out
 
 
-def test_bench_runs_on_a_cpu_at_tiny_sizes_by_default_and_says_its_defaults():
+def test_bench_runs_on_a_cpu_at_tiny_sizes_and_says_its_defaults():
     bench = [sys.executable, os.path.join(TOOLS, 'bench.py'), '--device', 'cpu']
     help = ' '.join(subprocess.run(bench + ['-h'], capture_output=True, text=True).stdout.split())
     for flag in ("--batch BATCH documents a step (default: 16, train.py's)",
@@ -35,7 +35,8 @@ def test_bench_runs_on_a_cpu_at_tiny_sizes_by_default_and_says_its_defaults():
                  '--rounds ROUNDS timed passes, the median reported (default: 9 on a GPU, 2 on a '
                  'CPU)'):
         assert flag in help, help
-    p = subprocess.run(bench, capture_output=True, text=True, timeout=300)  # the smoke test
+    p = subprocess.run(bench + ['--steps', '2', '--rounds', '1'], capture_output=True, text=True,
+                       timeout=300)  # the default, tiny sizes on a CPU
     lines = p.stdout.splitlines()
     assert p.returncode == 0 and lines[0].startswith('CPU, torch'), p.stderr[-2000:]
     rows = [line.rsplit(None, 3) for line in lines[3:7]]
@@ -80,14 +81,26 @@ def test_summary_groups_by_setting_with_welch_p_values(tmp_path, capsys, monkeyp
     assert 'pip install scipy' in capsys.readouterr().out and rows[1]['p'] is None
 
 
-@pytest.mark.parametrize('tool', ['summary', 'similar'])
-def test_a_closed_pipe_ends_quietly(run, tool):
-    argv = [str(run)] if tool == 'summary' else ['--ckpt', str(run / 'best'), '--label', 'optics']
-    p = subprocess.Popen([sys.executable, os.path.join(TOOLS, f'{tool}.py'), *argv],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # `... | head -0`
-    p.stdout.close()
-    err = p.stderr.read().decode()
-    assert p.wait() == 1 and err == '', err
+def test_a_closed_pipe_ends_every_script_quietly(run, tmp_path):
+    """`... | head -1` on train.py, evaluate.py --texts, tools/summary.py, tools/similar.py, side
+    by side: exit 1, nothing on stderr."""
+    root = os.path.dirname(TOOLS)
+    (tmp_path / 'in.txt').write_text('\n'.join(['quantum optics'] * 300))
+    commands = [[os.path.join(root, 'train.py'), *FAST, '--epochs', '1', '--out',
+                 str(tmp_path / 'run')],
+                [os.path.join(root, 'evaluate.py'), '--ckpt', str(run / 'best'), '--texts',
+                 str(tmp_path / 'in.txt')],
+                [os.path.join(TOOLS, 'summary.py'), str(run)],
+                [os.path.join(TOOLS, 'similar.py'), '--ckpt', str(run / 'best'), '--label',
+                 'optics']]
+    procs = [subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env={**os.environ, 'HF_HUB_OFFLINE': '1'})
+             for argv in commands]
+    for p in procs:
+        p.stdout.close()
+    for argv, p in zip(commands, procs):
+        err = p.stderr.read().decode()
+        assert p.wait() == 1 and err == '', (argv[0], err)
 
 
 def test_a_missing_prediction_file_is_named_before_any_data_is_read(tmp_path, monkeypatch):
