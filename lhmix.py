@@ -282,7 +282,7 @@ def training_loss(model, input_ids, starts, targets, attention_mask=None, positi
 
 def tokenize(tokenizer, texts, max_text_len):
     """(word-pieces of each text cut to max_text_len, the number cut)."""
-    texts = list(texts)  # a tokenizer refuses none
+    texts = list(texts)  # a tokenizer refuses []
     ids = tokenizer(texts, add_special_tokens=False, verbose=False)['input_ids'] if texts else []
     return ([np.asarray(t[:max_text_len], dtype=np.int64) for t in ids],
             sum(len(t) > max_text_len for t in ids))

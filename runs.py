@@ -174,8 +174,9 @@ class RunFolder:
             for n in sorted(dirs + files)) if n not in OURS), None)
         if resume and 'last' not in top:
             raise ValueError(f'--resume: {self.name} holds no run to continue')
-        if resume or not top:
+        if resume:
             delete_run(self.path, TMP)  # what killed saves left
+        if resume or not top:
             return False
         why = None
         try:

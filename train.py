@@ -278,10 +278,10 @@ def fit(run):
                 model, run.tokenizer, run.gold['train'])
             print(f"{len(run.extra['table'])} distinct local hierarchies encoded")
         model.use_local_hierarchies(run.extra['table'].to(args.device), args.alpha, args.beta)
-    why_not = args.no_cuda_graphs or lhmix.cuda_graphs_unavailable(args.device)
+    why_not = lhmix.cuda_graphs_unavailable(args.device)
     if why_not and args.device.type == 'cuda' and not args.no_cuda_graphs:
         print(f'CUDA graphs off: {why_not}', file=sys.stderr)
-    step, opt = make_step(model, args.lr, not why_not, run.adam)
+    step, opt = make_step(model, args.lr, not (why_not or args.no_cuda_graphs), run.adam)
     steps = -(-len(run.tokens['train']) // args.batch)
     with tqdm(total=steps * max(args.epochs - len(run.history), 0), disable=None) as bar:
         for epoch in range(len(run.history), args.epochs):
