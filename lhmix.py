@@ -1,5 +1,28 @@
-"""LH-Mix (Kong, Zhang & Wang, KDD 2025): Sec. 3 (Eqs. 1, 2), Sec. 4 (Eqs. 3-7), then, not in the
-paper, feeding the model and ZMLCE fused in Triton. Imports nothing of this project: copy it."""
+"""LH-Mix (Kong, Zhang & Wang, KDD 2025) in one module that imports nothing of this project, so
+that it can be copied alone into another one.
+
+It follows the paper: Sec. 3 (the label tree, the hierarchical prompt, the verbalizer of Eq. 1 and
+ZMLCE, Eq. 2), then Sec. 4 (local hierarchies and their similarity, the mixing ratio, Mixup with
+loss mixing: Eqs. 3-7). What the paper leaves out comes last: feeding the model (tokens, batches,
+Mixup partners, prediction, CUDA graphs), and ZMLCE fused into one Triton kernel (Eqs. 2 and 8).
+
+The API, in that order:
+
+    Hierarchy(parents, names)     the label tree (Sec. 3.1); label ids are the order of `parents`
+    LHMix(mlm, hierarchy, ...)    the prompt-tuned masked LM; model(**batch) -> (loss, lambda)
+    build_model(mlm, tokenizer, hierarchy, arch)   a fresh LHMix, labels started from their names
+    zmlce(scores, targets, valid)                  Eq. 2, a multi-label loss
+    local_hierarchy_table(model, tokenizer, label_sets)   each local hierarchy encoded (Sec. 4.1)
+    hierarchy_similarity(h_i, h_j), mixup_ratio(s, alpha, beta), mix_hidden(h_i, h_j, lam)
+                                  Eqs. 3, 4 and 5
+    training_loss(model, **batch)                  Eqs. 2-7, what model(**batch) computes
+    tokenize(tokenizer, texts, max_text_len)       texts as word-pieces, cut to fit
+    make_batch(model, token_ids, labels, ...)      a batch that model(**batch) takes
+    train_batches(lengths, batch_size, rng, mixing)   an epoch's batches and Mixup partners
+    to_device(batch, device)                       a batch moved without a host sync
+    score_documents(model, token_ids)              label scores; a label is predicted at > 0
+    autocast(device), cuda_graphs_unavailable(device), CUDAGraphs(fn)   for fast GPU steps
+"""
 import math
 
 import numpy as np
@@ -11,20 +34,22 @@ import transformers
 try:
     import triton
     import triton.language as tl
-except ImportError:
+except ImportError:  # Without Triton, ZMLCE runs as plain torch operations everywhere.
     triton = None
 
-TRANSFORMERS_5 = int(transformers.__version__.split('.')[0]) >= 5
-if TRANSFORMERS_5:  # packed rows' attention, document_attention
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+__all__ = ['Hierarchy', 'LHMix', 'build_model', 'zmlce', 'local_hierarchy_table',
+           'hierarchy_similarity', 'mixup_ratio', 'mix_hidden', 'training_loss', 'tokenize',
+           'make_batch', 'train_batches', 'to_device', 'score_documents', 'autocast',
+           'cuda_graphs_unavailable', 'CUDAGraphs']
 
 
-# Sec. 3: hierarchy, prompt template, model and verbalizer (Eq. 1), ZMLCE (Eq. 2)
+# Sec. 3: the label tree, the hierarchical prompt, the verbalizer (Eq. 1) and ZMLCE (Eq. 2)
 
 class Hierarchy:
-    """A label tree from {label: parent, None or 'Root' at the top (depth 1)}, ids in that order;
-    names (default: after the last '/'), lines (for errors)."""
+    """A label tree from {label: parent}, where a parent of None or 'Root' puts a label at depth
+    1. Label ids follow the order of `parents`. A label's name, which the verbalizer starts from,
+    is `names[label]` or else the label after its last '/', underscores as spaces. `lines` maps a
+    label to where it was read, so that an error can name the user's file and line."""
 
     def __init__(self, parents, names=None, lines=None):
         lines, n = lines or {}, len(parents)
@@ -39,7 +64,7 @@ class Hierarchy:
             self.parent.append(-1 if p in (None, 'Root') else self.index[p])
         for i, v in enumerate(self.labels):
             d, j = 1, self.parent[i]
-            while j >= 0 and d <= n:  # a chain of over n labels is a cycle
+            while j >= 0 and d <= n:  # A chain longer than the number of labels is a cycle.
                 d, j = d + 1, self.parent[j]
             if d > n:
                 raise ValueError(f'{where[i]}: cycle through label {v!r}')
@@ -53,113 +78,133 @@ class Hierarchy:
     def __len__(self):
         return len(self.labels)
 
-    def path(self, v):  # v's ancestors and v, root first
+    def path(self, v):
+        """Label v's ancestors and v itself, the root's child first."""
         return self.path(self.parent[v]) + [v] if v >= 0 else []
 
-    def closure(self, label_ids):  # every ancestor of a gold label is gold too
+    def closure(self, label_ids):
+        """The sorted label set with every ancestor of its labels added: a gold label's ancestors
+        are gold too, as the paths of Sec. 3.1 make them."""
         return sorted({a for v in label_ids for a in self.path(v)})
 
 
 def template(num_depths, cls_id, sep_id, depth_ids, slot_id):
-    """Sec. 3.2: `[CLS] [D1] [P] ... [DD] [P] [SEP]`, then text, [SEP]; depth d's [P] at 2d."""
+    """The hierarchical prompt of Sec. 3.2, `[CLS] [D1] [P] ... [DD] [P] [SEP]`, which the text
+    and a closing [SEP] follow; depth d's slot [P] is at position 2d."""
     return [cls_id] + [t for d in range(num_depths) for t in (depth_ids[d], slot_id)] + [sep_id]
 
 
 class LHMix(nn.Module):
-    """A masked LM whose vocabulary gains label tokens, D depth tokens and the slot [P] (ids
-    base_vocab + [labels | depths | slot]). arch 'prompt': Eq. 1; 'bert': Table 3's flat
-    BERT, HGCLR's: dropout and a linear layer on [CLS]."""
+    """A BERT-style masked LM prompted with the label tree. Its vocabulary gains a token per
+    label (their embeddings are the verbalizer), a token [Dd] per depth and the slot token [P],
+    with ids base_vocab + [labels | depths | slot]. arch 'prompt' is the paper's model (Eq. 1);
+    'bert' is Table 3's flat BERT, HGCLR's baseline: dropout and a linear layer on [CLS]."""
 
     def __init__(self, mlm, hierarchy, arch, base_vocab, special, max_length=512):
         super().__init__()
         self.mlm, self.hierarchy, self.arch, self.base_vocab = mlm, hierarchy, arch, base_vocab
-        self.special, self.max_length = special, max_length  # cls/sep/pad/mask ids
-        V, D, config = len(hierarchy), hierarchy.num_depths, mlm.config
+        self.special, self.max_length = special, max_length  # special: cls, sep, pad, mask ids
+        V, D = len(hierarchy), hierarchy.num_depths
         self.depth_ids, self.slot_id = [base_vocab + V + d for d in range(D)], base_vocab + V + D
-        if mlm.get_input_embeddings().num_embeddings != self.slot_id + 1:
-            # not mean-initialised: build_model overwrites them
-            mlm.resize_token_embeddings(self.slot_id + 1, mean_resizing=False)
-        if not hasattr(mlm, 'cls'):
-            raise ValueError(f'{type(mlm).__name__}: not a BERT-style masked LM (cls.predictions)')
-        if TRANSFORMERS_5:  # SDPA, per document in a packed row
-            mlm.set_attn_implementation('lhmix')
-        self.transform = mlm.cls.predictions.transform  # dense -> act -> LayerNorm
+        adapt_encoder(mlm, self.slot_id + 1)
+        # The MLM head's transform (dense, activation, LayerNorm) is the classifier of Eq. 1's
+        # f^d, and the label tokens' embeddings are its verbalizer.
+        self.transform = mlm.cls.predictions.transform
         if arch == 'prompt':
-            self.label_bias = nn.Parameter(torch.zeros(V))
             self.prefix = template(D, special['cls'], special['sep'], self.depth_ids, self.slot_id)
+            self.label_bias = nn.Parameter(torch.zeros(V))
             valid = torch.arange(1, D + 1)[:, None] == torch.tensor(hierarchy.depth)
         else:
-            self.dropout = nn.Dropout(config.hidden_dropout_prob)  # 0.1 for BERT
-            self.prefix, self.classifier = [special['cls']], nn.Linear(config.hidden_size, V)
+            self.prefix = [special['cls']]
+            self.dropout = nn.Dropout(mlm.config.hidden_dropout_prob)
+            self.classifier = nn.Linear(mlm.config.hidden_size, V)
             valid = torch.ones(1, V, dtype=torch.bool)
-        self.register_buffer('valid', valid, persistent=False)  # (slots, V): each slot's labels
-        slots = [i for i, t in enumerate(self.prefix) if t == self.slot_id] or [0]  # or [CLS]
+        # Row d of `valid` marks the labels that slot d scores: those of depth d (Eq. 1), or, for
+        # the flat BERT, every label from the one slot, its [CLS].
+        self.register_buffer('valid', valid, persistent=False)
+        slots = [i for i, t in enumerate(self.prefix) if t == self.slot_id] or [0]
         self.register_buffer('slot_offsets', torch.tensor(slots), persistent=False)
-        if not 0 < self.text_budget(max_length) or max_length > config.max_position_embeddings:
+        positions = mlm.config.max_position_embeddings
+        if not 0 < self.text_budget(max_length) or max_length > positions:
             raise ValueError(f'max_length {max_length} leaves {self.text_budget(max_length)} text '
-                             f'tokens (at most {config.max_position_embeddings} positions)')
-        self.register_buffer('local_hierarchies', None, persistent=False)  # LH-Mix's, below
+                             f'tokens (at most {positions} positions)')
+        # LH-Mix's table of encoded local hierarchies (Sec. 4.1), set by use_local_hierarchies.
+        self.register_buffer('local_hierarchies', None, persistent=False)
         self.alpha = self.beta = None
 
     def use_local_hierarchies(self, table, alpha, beta):
-        """LH-Mix: ratios by Eqs. 3-4 from `table` (local_hierarchy_table's)."""
+        """Mix by LH-Mix: a batch's `hierarchy_ids` index `table` (local_hierarchy_table's, on
+        the model's device), and Eqs. 3-4 with alpha and beta give each pair's ratio."""
         self.local_hierarchies, self.alpha, self.beta = table, alpha, beta
 
     def name_ids(self, tokenizer):
+        """Each label name's word-pieces; a name that has none is [UNK]."""
         return [tokenizer(name, add_special_tokens=False)['input_ids']
                 or [tokenizer.unk_token_id] for name in self.hierarchy.names]
 
     def label_embeddings(self):
+        """The verbalizer: the label tokens' rows of the input embeddings (V, H)."""
         b = self.base_vocab
         return self.mlm.get_input_embeddings().weight[b:b + len(self.hierarchy)]
 
-    def text_budget(self, max_length):  # text word-pieces beside prefix and closing [SEP]
+    def text_budget(self, max_length):
+        """How many text word-pieces fit beside the prompt and the closing [SEP]."""
         return max_length - len(self.prefix) - 1
 
     def encode(self, input_ids, attention_mask=None, position_ids=None, offsets=None):
-        """Last hidden states; in a packed row (`offsets`) each document attends to itself."""
+        """The last hidden states. In a packed row (`offsets`) each document attends to itself."""
         if offsets is None:
             return self.mlm.base_model(input_ids, attention_mask).last_hidden_state
-        return self.mlm.base_model(  # token types given: the default is cut from 512 positions
+        # Token types are given because the default ones stop at 512 positions.
+        return self.mlm.base_model(
             input_ids, token_type_ids=torch.zeros_like(input_ids), position_ids=position_ids,
             cu_seq_lens_q=offsets, max_length_q=max(self.max_length, PACKED)).last_hidden_state
 
     def slots(self, hidden, starts):
-        """(B, slots, H): each depth's [P] (or bert's [CLS]) of the documents at `starts`."""
+        """The slots' hidden states (B, slots, H): each depth's [P], or the flat BERT's [CLS].
+        `hidden` (rows, T, H) is read as one flat sequence of rows * T positions, and `starts`
+        holds each document's first flat position: b * T when a row holds one document, its
+        offset when a packed row holds them all. The slots follow at `slot_offsets` from there."""
         return hidden.flatten(0, 1)[starts[:, None] + self.slot_offsets]
 
     def score(self, slot_hidden):
-        """Eq. 1: (B, slots, V) label scores p^d; only `self.valid` entries are meaningful."""
+        """Eq. 1's scores p^d (B, slots, V); only the `valid` labels of each slot mean anything."""
         if self.arch == 'bert':
             return self.classifier(self.dropout(slot_hidden))
-        return self.transform(slot_hidden) @ self.label_embeddings().t() + self.label_bias
+        verbalizer = self.label_embeddings().t()
+        return self.transform(slot_hidden) @ verbalizer + self.label_bias  # Eq. 1
 
     def loss(self, scores, targets):
-        """(B, slots): Eq. 2 per depth; for bert, HGCLR's binary cross-entropy, mean over labels."""
+        """The loss of each document and slot (B, slots): Eq. 2 for the prompt; for the flat BERT,
+        HGCLR's binary cross-entropy, a mean over the labels."""
         if self.arch == 'bert':
             return F.binary_cross_entropy_with_logits(
                 scores.float(), targets.float(), reduction='none').mean(-1)
         return zmlce(scores, targets, self.valid)
 
     def mlm_loss(self, hidden, positions, labels):
-        """HPT's auxiliary MLM loss, the head run only at the masked positions."""
+        """HPT's auxiliary MLM loss. The head runs at the masked positions only: its projection
+        onto the whole vocabulary at every position would cost more than an encoder layer."""
         x = hidden.flatten(0, 1).index_select(0, positions)
         return F.cross_entropy(self.mlm.get_output_embeddings()(self.transform(x)).float(), labels)
 
-    def forward(self, **batch):  # training_loss, Eqs. 2-7
+    def forward(self, **batch):
+        """training_loss(self, **batch): Eqs. 2-7."""
         return training_loss(self, **batch)
 
     @torch.no_grad()
     def label_scores(self, input_ids, attention_mask, starts):
-        """(B, V) scores; Sec. 3: a label is predicted at score > 0 (sigmoid > 0.5)."""
+        """Each document's label scores (B, V), each label scored at its own depth's slot. A
+        label is predicted when its score is above 0 (Sec. 3)."""
         hidden = self.encode(input_ids, attention_mask)
         scores = self.score(self.slots(hidden, starts))
-        return scores.masked_fill(~self.valid, -math.inf).amax(1).float()  # each at its depth
+        return scores.masked_fill(~self.valid, -math.inf).amax(1).float()
 
 
 def build_model(mlm, tokenizer, hierarchy, arch, max_length=512):
-    """A fresh LHMix: label tokens start as their name's mean word-piece embedding, depth tokens
-    random (Sec. 5.2), [P] as [MASK] (the authors' code), bert's classifier as HGCLR's."""
+    """A fresh LHMix. Each label token starts as the mean embedding of its name's word-pieces, the
+    depth tokens start random (Sec. 5.2), [P] starts as [MASK] (the authors' code), and the flat
+    BERT's classifier as HGCLR starts it."""
     special = {'cls': tokenizer.cls_token_id, 'sep': tokenizer.sep_token_id,
                'pad': tokenizer.pad_token_id, 'mask': tokenizer.mask_token_id}
     model = LHMix(mlm, hierarchy, arch, len(tokenizer), special, max_length)
@@ -178,31 +223,31 @@ def build_model(mlm, tokenizer, hierarchy, arch, max_length=512):
 
 def zmlce(scores, targets, valid=None):
     """Eq. 2 of each score vector (..., L) over its `valid` labels; `targets` and `valid`
-    broadcast to `scores`. On CUDA, the fused kernel below."""
+    broadcast to `scores`. On a GPU, the fused Triton kernel at the end of this module."""
     if scores.is_cuda and triton is not None and scores.dtype != torch.float64:
         return FusedZMLCE.apply(scores, targets, valid)
     return plain_zmlce(scores, targets, valid)
 
 
 def plain_zmlce(scores, targets, valid=None):
-    """Each sum of Eq. 2 as a log-sum-exp with a zero for its 1, masked entries at -inf: finite
-    at any size; autograd gives Eq. 8."""
+    """Eq. 2 in torch operations. Each of its sums is a log-sum-exp with a zero for its 1, and the
+    labels outside `valid` enter as -inf, so that the loss stays finite at any score."""
     s = scores.to(torch.promote_types(scores.dtype, torch.float32))
     pos = targets.bool()
     x = torch.where(pos, -s, s)
     if valid is not None:
         x = x.masked_fill(~valid, -math.inf)
     zero = x.new_zeros(x.shape[:-1] + (1,))
+    negatives = torch.logsumexp(torch.cat([x.masked_fill(pos, -math.inf), zero], -1), -1)
+    positives = torch.logsumexp(torch.cat([x.masked_fill(~pos, -math.inf), zero], -1), -1)
+    return negatives + positives  # Eq. 2; autograd gives its gradient, Eq. 8
 
-    def log1p_sum_exp(mask):  # log(1 + sum e^x) where mask is False
-        return torch.logsumexp(torch.cat([x.masked_fill(mask, -math.inf), zero], -1), -1)
-    return log1p_sum_exp(pos) + log1p_sum_exp(~pos)  # Eq. 2: negatives' e^s + positives' e^-s
 
-
-# Sec. 4: local hierarchies (Eq. 3), mixing ratio (Eq. 4), Mixup and loss mixing (Eqs. 5-7)
+# Sec. 4: local hierarchies (Sec. 4.1, Eq. 3), the mixing ratio (Eq. 4), Mixup (Eqs. 5-7)
 
 def local_hierarchy_ids(model, label_ids, name_ids):
-    """Sec. 4.1: gold labels as `[CLS] [D1] <names at depth 1> [D2] ... [SEP]`."""
+    """Sec. 4.1: a gold label set as the sequence `[CLS] [D1] <names at depth 1> [D2] ... [SEP]`,
+    the names of one depth in the order of their label ids."""
     ids = [model.special['cls']]
     for d, depth_id in enumerate(model.depth_ids, 1):
         ids += [depth_id]
@@ -212,9 +257,11 @@ def local_hierarchy_ids(model, label_ids, name_ids):
 
 @torch.no_grad()
 def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
-    """(table (U, H) on the model's device, each set's index in it (N,) on the CPU): the [CLS] of
-    each distinct local hierarchy, encoded once before training (the frozen encoder, Sec. 4.1)."""
-    keys = [tuple(sorted(s)) for s in label_sets]
+    """(table, ids): the [CLS] state (U, H), on the model's device, of each distinct local
+    hierarchy, and each label set's row in it (N,), on the CPU. Call it before training: the
+    encoder that computes similarities stays as it was (Sec. 4.1). Each set is closed upward
+    first (Hierarchy.closure), as a local hierarchy holds whole paths."""
+    keys = [tuple(model.hierarchy.closure(s)) for s in label_sets]
     distinct = sorted(set(keys))
     name_ids = model.name_ids(tokenizer)
     seqs = [local_hierarchy_ids(model, k, name_ids) for k in distinct]
@@ -231,45 +278,51 @@ def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
 
 
 def hierarchy_similarity(h_i, h_j):
-    """Clamped to [0, 1]: s^alpha of a rounded s < 0 is NaN."""
+    """Eq. 3's s of two local hierarchies' [CLS] states, clamped to [0, 1], because rounding can
+    put s a little below 0, where Eq. 4's s^alpha is NaN."""
     s = 0.5 * (F.cosine_similarity(h_i.float(), h_j.float(), dim=-1) + 1)  # Eq. 3
     return s.clamp(0.0, 1.0)
 
 
 def mixup_ratio(s, alpha, beta):
-    """Similar hierarchies mix more (lambda -> 0.5); alpha > 0, beta in (0.5, 1] (0.5, the
-    authors' default: always 0.5)."""
+    """Eq. 4: similar local hierarchies mix more (lambda near 0.5), dissimilar ones less (near
+    beta). alpha > 0 and beta in (0.5, 1]; beta 0.5, the authors' default, gives 0.5 always."""
     return -(beta - 0.5) * s ** alpha + beta  # Eq. 4
 
 
 def pair_ratios(hier, partner, alpha, beta):
-    """Each document's lambda from its local hierarchy `hier` (B, H) and its `partner`'s."""
-    return mixup_ratio(hierarchy_similarity(hier, hier[partner]), alpha, beta)  # Eqs. 3-4
+    """Each document's lambda, from its local hierarchy's state `hier` (B, H) and its partner's."""
+    return mixup_ratio(hierarchy_similarity(hier, hier[partner]), alpha, beta)
 
 
 def mix_hidden(h_i, h_j, lam):
-    """h~ = lambda h_i + (1 - lambda) h_j for h (B, slots, H), lambda (B,)."""
+    """Eq. 5 for slot states h (B, slots, H) and ratios lambda (B,), in float32 so that a bf16
+    state does not round the ratio."""
     lam = lam.float()[:, None, None]
-    return torch.lerp(h_j.float(), h_i.float(), lam).to(h_i.dtype)  # Eq. 5, in fp32
+    return torch.lerp(h_j.float(), h_i.float(), lam).to(h_i.dtype)  # Eq. 5
 
 
 def training_loss(model, input_ids, starts, targets, attention_mask=None, position_ids=None,
                   offsets=None, partner=None, lam=None, hierarchy_ids=None, mlm_pos=None,
                   mlm_labels=None):
-    """(loss, lambda or None): summed over depths (the authors' code: over all labels), mean
-    over documents, each mixed with its `partner` by `lam` (vanilla Mixup) or LH-Mix's ratio
-    (`hierarchy_ids`); plus HPT's MLM term if any text is masked."""
+    """(loss, lambda or None) of a batch from make_batch. Each document mixes with the one at
+    `partner` by the ratio `lam` (vanilla Mixup) or by LH-Mix's ratio from its local hierarchy,
+    `hierarchy_ids`. The loss is summed over the depths and averaged over the documents (the
+    authors' code sums over all labels), plus HPT's MLM term when any text is masked."""
+    if hierarchy_ids is not None and model.local_hierarchies is None:
+        raise ValueError('hierarchy_ids needs the local hierarchies: call '
+                         'model.use_local_hierarchies(table, alpha, beta) first')
     hidden = model.encode(input_ids, attention_mask, position_ids, offsets)
     h = model.slots(hidden, starts)
     if hierarchy_ids is not None:
         lam = pair_ratios(model.local_hierarchies[hierarchy_ids], partner, model.alpha,
-                          model.beta)                                # Eqs. 3-4
+                          model.beta)  # Eqs. 3 and 4
     if partner is not None:
-        h = mix_hidden(h, h[partner], lam)                           # Eq. 5
-    p, t = model.score(h), targets[:, None, :]                       # Eq. 1 / Eq. 6: p~ = f(h~)
+        h = mix_hidden(h, h[partner], lam)  # Eq. 5
+    p, t = model.score(h), targets[:, None, :]  # Eq. 6: the mixed states scored
     if partner is None:
-        loss = model.loss(p, t)                                      # Eq. 2
-    else:  # each pair's own lambda, not a batch mean
+        loss = model.loss(p, t)  # Eq. 2
+    else:  # Each pair by its own lambda, not by the batch's mean lambda as the authors' code.
         w = lam.float()[:, None]
         loss = w * model.loss(p, t) + (1 - w) * model.loss(p, t[partner])  # Eq. 7
     loss = loss.sum(-1).mean()
@@ -278,27 +331,48 @@ def training_loss(model, input_ids, starts, targets, attention_mask=None, positi
     return loss, lam
 
 
-# Not in the paper: tokens, batches, scores, CUDA graphs
+# Not in the paper: the encoder's attention, tokens, batches, prediction and CUDA graphs
+
+TRANSFORMERS_5 = int(transformers.__version__.split('.')[0]) >= 5
+if TRANSFORMERS_5:  # Its attention interface lets a packed row attend per document, below.
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+
+def adapt_encoder(mlm, vocab_size):
+    """Readies a masked LM for LHMix: its vocabulary grows to `vocab_size` (the new rows are left
+    for build_model to set, not averaged), and on transformers 5 its attention becomes
+    document_attention, so that a packed row's documents attend to themselves only."""
+    if not hasattr(mlm, 'cls'):
+        raise ValueError(f'{type(mlm).__name__}: not a BERT-style masked LM (cls.predictions)')
+    if mlm.get_input_embeddings().num_embeddings != vocab_size:
+        mlm.resize_token_embeddings(vocab_size, mean_resizing=False)
+    if TRANSFORMERS_5:
+        mlm.set_attn_implementation('lhmix')
+
 
 def tokenize(tokenizer, texts, max_text_len):
-    """(word-pieces of each text cut to max_text_len, the number cut)."""
-    texts = list(texts)  # a tokenizer refuses []
+    """(each text's word-pieces, its first max_text_len kept; how many texts were cut)."""
+    texts = list(texts)  # A tokenizer refuses an empty list, so none is passed to it.
     ids = tokenizer(texts, add_special_tokens=False, verbose=False)['input_ids'] if texts else []
     return ([np.asarray(t[:max_text_len], dtype=np.int64) for t in ids],
             sum(len(t) > max_text_len for t in ids))
 
 
-PACKED = 128  # a packed row's length is a multiple of it: few shapes, 1% padding on WOS
+# A packed row's length is a multiple of PACKED, so that CUDA graphs see few shapes; on WOS's
+# lengths this pads about 1% of a row.
+PACKED = 128
 
 
 def layout(seqs, pad_id, multiple, pack=False):
-    """Id lists as rows padded to a multiple of `multiple`: input_ids, attention_mask, starts
-    (each one's first flat position). `pack`: one row, a multiple of PACKED long, position_ids,
-    offsets: each list's start, the padding's (a document too), the end."""
+    """Id lists laid out as a batch: input_ids, attention_mask, and `starts`, each list's first
+    flat position. Rows are padded to a multiple of `multiple`. With `pack`, all lists share one
+    row, a multiple of PACKED long, with position_ids and `offsets`: each list's start, then the
+    padding's start (it is a document of its own), then the row's end."""
     lengths = np.array([len(s) for s in seqs])
     if pack:
         ends = np.cumsum(lengths)
-        T = (ends[-1] // PACKED + 1) * PACKED  # at least one padding token
+        T = (ends[-1] // PACKED + 1) * PACKED  # At least one padding token ends the row.
         ids, pos = np.full((1, T), pad_id, dtype=np.int64), np.zeros((1, T), dtype=np.int64)
         ids[0, :ends[-1]] = np.concatenate(seqs)
         pos[0, :ends[-1]] = np.concatenate([np.arange(k) for k in lengths])
@@ -316,18 +390,16 @@ def layout(seqs, pad_id, multiple, pack=False):
 
 def document_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
                        cu_seq_lens_q=None, max_length_q=None, **kwargs):
-    """transformers' SDPA; in a packed row (cu_seq_lens_q: each document's start, the row's
-    end), SDPA per document via a nested jagged tensor: no work across them."""
+    """transformers' SDPA attention, except in a packed row (cu_seq_lens_q holds each document's
+    start and the row's end). There SDPA runs per document on a nested jagged tensor, which does
+    no work across documents: flash-attention's variable-length kernel on a GPU."""
     if cu_seq_lens_q is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
-
-    def documents(x):  # (1, heads, T, d) -> (documents, heads, length, d), a view
-        return torch.nested.nested_tensor_from_jagged(
-            x[0].transpose(0, 1), cu_seq_lens_q, min_seqlen=1, max_seqlen=max_length_q
-        ).transpose(1, 2)
-    out = F.scaled_dot_product_attention(documents(query), documents(key), documents(value),
-                                         dropout_p=dropout, scale=scaling)
+    q, k, v = (torch.nested.nested_tensor_from_jagged(  # (1, heads, T, d) -> (docs, heads, n, d)
+        x[0].transpose(0, 1), cu_seq_lens_q, min_seqlen=1, max_seqlen=max_length_q
+    ).transpose(1, 2) for x in (query, key, value))
+    out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling)
     return out.transpose(1, 2).values()[None], None  # (1, T, heads, d), as transformers' own
 
 
@@ -336,16 +408,24 @@ if TRANSFORMERS_5:
     AttentionMaskInterface.register('lhmix', ALL_MASK_ATTENTION_FUNCTIONS['sdpa'])
 
 
-def make_batch(model, token_ids, labels, multiple, rng=None, mlm_rate=0.0, static=False,
+def make_batch(model, token_ids, labels, rng=None, mlm_rate=0.0, for_cuda_graphs=False,
                pack=False):
-    """`prefix text [SEP]` laid out, bool targets (B, V), with mlm_rate BERT's masking of text
-    (80% [MASK], 10% another word-piece, 10% kept); on the CPU: no step syncs."""
-    prefix = model.prefix
+    """`prompt text [SEP]` for each document, laid out (see layout) in rows padded to a multiple
+    of 16 on a GPU (tensor cores), 8 on a CPU, and `targets` (B, V): each label set closed upward
+    (Hierarchy.closure), so leaves alone will do. With mlm_rate, BERT's masking of the text for
+    HPT's MLM term, drawn from `rng`: that share of word-pieces chosen, of them 80% [MASK], 10%
+    another word-piece of the batch, 10% kept. Everything is made on the CPU: no step syncs.
+    `for_cuda_graphs` pads the masked positions to a count per shape, so few graphs are captured."""
+    if mlm_rate > 0 and rng is None:
+        raise ValueError('make_batch: mlm_rate > 0 draws masks from rng: pass '
+                         'rng=numpy.random.default_rng(seed)')
+    multiple = 16 if next(model.parameters()).is_cuda else 8
+    prefix, hierarchy = model.prefix, model.hierarchy
     seqs = [np.concatenate([prefix, t, [model.special['sep']]]) for t in token_ids]
     batch = layout(seqs, model.special['pad'], multiple, pack)
-    batch['targets'] = torch.zeros(len(token_ids), len(model.hierarchy), dtype=torch.bool)
+    batch['targets'] = torch.zeros(len(token_ids), len(hierarchy), dtype=torch.bool)
     for b, ls in enumerate(labels):
-        batch['targets'][b, ls] = True
+        batch['targets'][b, hierarchy.closure(ls)] = True
     if mlm_rate > 0:
         ids, starts = batch['input_ids'], batch['starts'].numpy()
         pos = torch.from_numpy(np.concatenate([starts[b] + len(prefix) + np.flatnonzero(
@@ -354,11 +434,13 @@ def make_batch(model, token_ids, labels, multiple, rng=None, mlm_rate=0.0, stati
         gold = flat[pos].clone()
         r = torch.from_numpy(rng.random(len(pos)))
         flat[pos[r < 0.8]] = model.special['mask']
-        rand = pos[(r >= 0.8) & (r < 0.9)]  # a word-piece of the batch's texts
+        rand = pos[(r >= 0.8) & (r < 0.9)]
         words = np.concatenate(token_ids)
         flat[rand] = torch.from_numpy(words[rng.integers(0, len(words), len(rand))])
-        if len(pos):  # on the CPU: a batch with nothing masked has no MLM term
-            if static:  # a count per shape (CUDA graphs), mean + 8 sd up to 64s, -100s filling
+        if len(pos):  # A batch with nothing masked has no MLM term.
+            if for_cuda_graphs:
+                # A count per shape: the mean + 8 sd of the masked positions' count, in 64s,
+                # filled with label -100, which cross-entropy ignores.
                 n, q = ids.numel(), mlm_rate
                 cap = int(-(-(q * n + 8 * math.sqrt(n * q * (1 - q)) + 1) // 64) * 64)
                 cap *= -(-len(pos) // cap)
@@ -369,14 +451,16 @@ def make_batch(model, token_ids, labels, multiple, rng=None, mlm_rate=0.0, stati
 
 
 def to_device(batch, device):
-    if device.type == 'cuda':  # from pinned memory: no sync
+    """The batch on `device`; to a GPU through pinned memory, which copies without a host sync."""
+    if device.type == 'cuda':
         return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
     return {k: v.to(device) for k, v in batch.items()}
 
 
 def train_batches(lengths, batch_size, rng, mixing):
-    """An epoch's (document ids, partner positions or None). Mixing: slices of a shuffle, partners
-    the authors' randperm(B) (pi(i) == i: unmixed). Else, by length in chunks of 64 batches."""
+    """An epoch's batches: (document ids, partner positions or None). While mixing, slices of a
+    shuffle, and the partners are the authors' randperm(B), so pi(i) == i leaves a document
+    unmixed. Otherwise batches of similar lengths, from chunks of 64 batches, pad less."""
     perm = rng.permutation(len(lengths))
     if mixing:
         return [(idx, rng.permutation(len(idx))) for idx in
@@ -389,81 +473,78 @@ def train_batches(lengths, batch_size, rng, mixing):
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def pad_multiple(device):
-    return 16 if device.type == 'cuda' else 8
-
-
 def autocast(device):
-    """bf16 autocast on GPUs that have it, else fp16; fp32 on CPU. No cast cache: CUDA graphs
-    forbid it (a step casts each weight once anyway)."""
+    """bf16 autocast on a GPU that has it, else fp16; none (fp32) on a CPU. The cast cache is off
+    because CUDA graphs forbid it, and a step casts each weight once anyway."""
     cuda = device.type == 'cuda'
     dtype = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float16
     return torch.autocast(device.type, dtype, enabled=cuda, cache_enabled=False)
 
 
 def cuda_graphs_unavailable(device):
-    """Why CUDA graphs cannot run the steps on `device`, or None when they can."""
+    """Why CUDA graphs cannot run training steps on `device`, or None when they can."""
     if device.type != 'cuda':
         return 'not a CUDA device'
     if not torch.cuda.is_bf16_supported():
         return 'no bf16 on this GPU (fp16 needs a loss scaler that syncs)'
-    if not TRANSFORMERS_5:  # 4.x checks the attention mask on the host
+    if not TRANSFORMERS_5:
         return 'transformers 4 syncs inside the encoder (5 does not)'
     return None
 
 
 class CUDAGraphs:
-    """fn(**tensors) replayed from a CUDA graph captured, after warmup(**tensors), once per set
-    of shapes. A replay overwrites the last one's outputs."""
+    """Calls fn(batch) through CUDA graphs, one captured per set of batch shapes, so that a step
+    costs the GPU's kernel time and no Python. A shape's first batch runs fn eagerly, on a side
+    stream as a capture asks, and then fn is captured, which records it without running it;
+    later batches of that shape replay the graph. A replay overwrites the last one's outputs."""
 
-    def __init__(self, fn, warmup):
-        self.fn, self.warmup, self.graphs = fn, warmup, {}
-        self.pool = torch.cuda.graph_pool_handle()
+    def __init__(self, fn):
+        self.fn, self.graphs, self.pool = fn, {}, torch.cuda.graph_pool_handle()
 
-    def __call__(self, **inputs):
-        key = tuple((k, tuple(v.shape), v.dtype) for k, v in inputs.items())
-        if key not in self.graphs:
-            static = {k: v.clone() for k, v in inputs.items()}
-            side = torch.cuda.Stream()  # capture requires a run on a side stream first
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self.warmup(**static)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                out = self.fn(**static)
-            self.graphs[key] = graph, static, out
-        graph, static, out = self.graphs[key]
-        for k, v in inputs.items():
-            static[k].copy_(v, non_blocking=True)
-        graph.replay()
+    def __call__(self, batch):
+        key = tuple((k, tuple(v.shape), v.dtype) for k, v in batch.items())
+        if key in self.graphs:
+            graph, inputs, outputs = self.graphs[key]
+            for k, v in batch.items():
+                inputs[k].copy_(v, non_blocking=True)
+            graph.replay()
+            return outputs
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out = self.fn(batch)
+        torch.cuda.current_stream().wait_stream(side)
+        inputs, graph = {k: v.clone() for k, v in batch.items()}, torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self.graphs[key] = graph, inputs, self.fn(inputs)
         return out
 
 
 @torch.no_grad()
 def score_documents(model, token_ids, batch_size=128):
-    """(N, V) float32 label scores (> 0: predicted) in input order."""
+    """The label scores (N, V) of documents given as word-pieces, in float32 and input order; a
+    label is predicted where its score is above 0."""
     device = next(model.parameters()).device
     out = torch.zeros(len(token_ids), len(model.hierarchy), device=device)
     model.eval()
-    order = np.argsort([len(t) for t in token_ids], kind='stable')
+    order = np.argsort([len(t) for t in token_ids], kind='stable')  # Similar lengths pad less.
     for i in range(0, len(order), batch_size):
         idx = order[i:i + batch_size]
-        b = to_device(make_batch(model, [token_ids[j] for j in idx], [[]] * len(idx),
-                                 pad_multiple(device)), device)
+        b = to_device(make_batch(model, [token_ids[j] for j in idx], [[]] * len(idx)), device)
         with autocast(device):
             scores = model.label_scores(b['input_ids'], b['attention_mask'], b['starts'])
-        out[torch.from_numpy(idx).to(device)] = scores  # no host sync between batches
+        out[torch.from_numpy(idx).to(device)] = scores  # Written on the GPU: no sync a batch.
     return out.cpu().numpy()
 
 
-# Not in the paper: ZMLCE in Triton for CUDA, forward (Eq. 2) and backward (Eq. 8)
+# Not in the paper: ZMLCE fused in Triton, its forward (Eq. 2) and gradient (Eq. 8) in one pass
 
 if triton is not None:
     @triton.jit
     def _zmlce_kernel(S, T, VALID, LOSS, GRAD, L, BLOCK: tl.constexpr):
-        """A score vector (BLOCK >= L): Eq. 2's log-sum-exps shifted by max(0, x), Eq. 8's
-        gradient e^{s - lse_neg} for negatives, -e^{-s - lse_pos} for positives."""
+        """One score vector (BLOCK >= L). Eq. 2's log-sum-exps are shifted by max(0, x) so that
+        no exponential overflows; the gradient is e^(s - lse_neg) for a negative label and
+        -e^(-s - lse_pos) for a positive one."""
         i, cols = tl.program_id(0).to(tl.int64), tl.arange(0, BLOCK)
         at, ok = i * L + cols, cols < L
         s = tl.load(S + at, mask=ok, other=0.0).to(tl.float32)
@@ -480,14 +561,14 @@ if triton is not None:
 
 
 def _flat(x, shape):
-    """x broadcast to `shape` as a contiguous (N, L) matrix, bool as uint8 (Triton's)."""
+    """x broadcast to `shape` as a contiguous (N, L) matrix; bool as uint8, which Triton loads."""
     x = x.expand(shape).reshape(-1, shape[-1]).contiguous()
     return x.view(torch.uint8) if x.dtype == torch.bool else x
 
 
 class FusedZMLCE(torch.autograd.Function):
-    """zmlce() by the kernel above, a program per score vector; forward makes the gradient,
-    backward scales it."""
+    """zmlce() by the kernel above, one program per score vector. The forward pass computes the
+    gradient too, which is cheap beside the loss; the backward pass only scales it."""
 
     @staticmethod
     def forward(ctx, scores, targets, valid):

@@ -236,7 +236,7 @@ def tiny():
     return tiny_model(lhmix.Hierarchy(PARENTS))
 
 
-def test_template_embeddings_batch_layout_mlm_masks_only_text_static_same_loss(tiny):
+def test_template_embeddings_batch_layout_mlm_masks_only_text_graph_padding_same_loss(tiny):
     assert lhmix.template(3, 101, 102, [7, 8, 9], 5) == [101, 7, 5, 8, 5, 9, 5, 102]
     model, tok = tiny
     V, cls, sep, mask, base = 6, tok.cls_token_id, tok.sep_token_id, tok.mask_token_id, len(tok)
@@ -252,15 +252,15 @@ def test_template_embeddings_batch_layout_mlm_masks_only_text_static_same_loss(t
         torch.testing.assert_close(emb[base + v], emb[pieces].mean(0))  # mean of its name
     torch.testing.assert_close(emb[slot], emb[mask])  # [P] starts as [MASK]
     docs, labels = [np.array([5, 6, 7]), np.array([8]), np.array([9, 10])], [[0, 2], [1], [3]]
-    b = lhmix.make_batch(model, docs, labels, multiple=8)
+    b = lhmix.make_batch(model, docs, labels)  # [3], a leaf alone, gains its parent 0
     p, sep, pad = model.prefix, model.special['sep'], model.special['pad']
     rows, T = [p + [5, 6, 7, sep], p + [8, sep], p + [9, 10, sep]], 16  # 12 tokens -> 16
     assert b['input_ids'].tolist() == [r + [pad] * (T - len(r)) for r in rows]
     assert b['attention_mask'].tolist() == [[1] * len(r) + [0] * (T - len(r)) for r in rows]
     assert b['starts'].tolist() == [0, 16, 32] and 'position_ids' not in b
-    assert b['targets'].tolist() == [[1, 0, 1, 0, 0, 0], [0, 1, 0, 0, 0, 0], [0, 0, 0, 1, 0, 0]]
+    assert b['targets'].tolist() == [[1, 0, 1, 0, 0, 0], [0, 1, 0, 0, 0, 0], [1, 0, 0, 1, 0, 0]]
     # packed: all in one row of 128 (12 + 10 + 11 tokens, then padding as a document of its own)
-    b = lhmix.make_batch(model, docs, labels, multiple=8, pack=True)
+    b = lhmix.make_batch(model, docs, labels, pack=True)
     assert b['input_ids'].tolist() == [rows[0] + rows[1] + rows[2] + [pad] * 95]
     assert b['position_ids'].tolist() == [[*range(12), *range(10), *range(11)] + [0] * 95]
     assert b['offsets'].tolist() == [0, 12, 22, 33, 128] and 'attention_mask' not in b
@@ -269,8 +269,8 @@ def test_template_embeddings_batch_layout_mlm_masks_only_text_static_same_loss(t
     rng = np.random.default_rng(0)
     texts = [rng.integers(5, len(tok), n) for n in [150] + list(rng.integers(1, 12, 60))]
     labels = [[0]] * len(texts)
-    plain = lhmix.make_batch(model, texts, labels, 8)['input_ids'].reshape(-1)
-    b = lhmix.make_batch(model, texts, labels, 8, np.random.default_rng(1), mlm_rate=0.15)
+    plain = lhmix.make_batch(model, texts, labels)['input_ids'].reshape(-1)
+    b = lhmix.make_batch(model, texts, labels, np.random.default_rng(1), mlm_rate=0.15)
     ids, pos, P = b['input_ids'].reshape(-1), b['mlm_pos'], len(model.prefix)
     col, row = pos % b['input_ids'].shape[1], pos // b['input_ids'].shape[1]
     assert ((col >= P) & (col < P + torch.tensor([len(t) for t in texts])[row])).all()  # text only
@@ -279,10 +279,10 @@ def test_template_embeddings_batch_layout_mlm_masks_only_text_static_same_loss(t
     assert torch.equal(ids[others], plain[others])  # nothing else touched
     assert 0.10 < len(pos) / sum(len(t) for t in texts) < 0.20
     assert 0.6 < (ids[pos] == model.special['mask']).float().mean() < 0.95  # most of them [MASK]
-    # static=True (CUDA graphs): the same positions, padded, and the same loss
+    # for_cuda_graphs: the same positions, padded, and the same loss
     docs = [np.arange(5, 5 + k) for k in (9, 14, 30)]
-    a, b = (lhmix.make_batch(model, docs, [[0], [1], [2]], 8, np.random.default_rng(3), 0.15,
-                             static=static) for static in (False, True))
+    a, b = (lhmix.make_batch(model, docs, [[0], [1], [2]], np.random.default_rng(3), 0.15,
+                             for_cuda_graphs=graphs) for graphs in (False, True))
     n, cells = len(a['mlm_pos']), a['input_ids'].numel()
     # one count per shape: the mean + 8 sd of Binomial(cells, 0.15) (+1), rounded up to 64
     assert len(b['mlm_pos']) == 64 * math.ceil((0.15 * cells + 8 * (cells * 0.15 * 0.85) ** 0.5
@@ -294,7 +294,7 @@ def test_template_embeddings_batch_layout_mlm_masks_only_text_static_same_loss(t
     with torch.no_grad():
         assert model(**a)[0].item() == pytest.approx(model(**b)[0].item(), rel=1e-6)
     # MLM on but so rare that nothing is drawn, as in a short last batch: no MLM term, finite
-    c = lhmix.make_batch(model, docs[:2], [[0], [1]], 8, np.random.default_rng(0), 1e-12)
+    c = lhmix.make_batch(model, docs[:2], [[0], [1]], np.random.default_rng(0), 1e-12)
     assert 'mlm_pos' not in c and torch.isfinite(model(**c)[0])
 
 
@@ -307,7 +307,7 @@ def test_forward_and_predict_follow_eqs_1_5_6_7_bert_arch_linear_on_cls_with_bce
     model, tok = tiny_model(lhmix.Hierarchy(PARENTS))
     model.eval()  # no dropout: the hand computation below sees the same hidden states
     toks, _ = lhmix.tokenize(tok, TEXTS, 50)
-    b = lhmix.make_batch(model, toks, [[0, 2, 5], [0, 3], [1, 4]], 8)
+    b = lhmix.make_batch(model, toks, [[0, 2, 5], [0, 3], [1, 4]])
     feed = {k: b[k] for k in ('input_ids', 'attention_mask', 'starts')}
     perm, lam = torch.tensor([2, 0, 0]), torch.tensor([0.9, 0.6, 0.5])  # 0 mixes with itself
     l, y = lam.double().numpy()[:, None], b['targets'][:, None].numpy()
@@ -344,7 +344,7 @@ def test_forward_and_predict_follow_eqs_1_5_6_7_bert_arch_linear_on_cls_with_bce
     torch.manual_seed(1)  # the same mask: 0 or 1 / (1 - p)
     torch.testing.assert_close(got, F.dropout(h, p) @ W.t() + bias)
     torch.testing.assert_close(model.eval().score(h), h @ W.t() + bias)  # none when evaluating
-    b = lhmix.make_batch(model, toks, [[0, 2, 5], [0, 3], [1, 4]], 8)
+    b = lhmix.make_batch(model, toks, [[0, 2, 5], [0, 3], [1, 4]])
     with torch.no_grad():
         cls = model.encode(b['input_ids'], b['attention_mask'])[:, 0]
         s, t = (cls @ W.t() + bias).double(), b['targets'].double()
@@ -369,6 +369,25 @@ def test_bert_head_starts_as_hgclr_initialises_it():
     assert torch.equal(model.classifier.bias, torch.zeros(6))
 
 
+def test_the_api_is_listed_in_the_docstring_and_each_name_has_one():
+    assert lhmix.__all__ and set(lhmix.__all__) <= set(dir(lhmix))
+    for name in lhmix.__all__:
+        assert re.search(rf'\b{name}\b', lhmix.__doc__), name
+        assert getattr(lhmix, name).__doc__, name
+
+
+def test_misuse_ends_in_one_line_naming_the_fix():
+    """Mixing by local hierarchies before the model has them, and MLM masking without a random
+    generator: each a one-line error that names the call to make."""
+    model, _ = tiny_model(lhmix.Hierarchy(PARENTS))
+    docs = [np.array([5, 6, 7]), np.array([8])]
+    b = lhmix.make_batch(model, docs, [[0], [1]])
+    assert 'model.use_local_hierarchies(table, alpha, beta) first' in error(
+        lambda: model(**b, partner=torch.tensor([1, 0]), hierarchy_ids=torch.tensor([0, 1])))
+    assert 'rng=numpy.random.default_rng(seed)' in error(
+        lambda: lhmix.make_batch(model, docs, [[0], [1]], mlm_rate=0.15))
+
+
 def test_mlm_term_is_the_cross_entropy_of_the_mlm_head_at_the_masked_positions(tiny):
     """HPT's auxiliary loss by hand: the head (transform, then the decoder tied to the input
     embeddings) at each masked position, cross-entropy against the original word-piece in
@@ -376,7 +395,7 @@ def test_mlm_term_is_the_cross_entropy_of_the_mlm_head_at_the_masked_positions(t
     model, tok = tiny
     model.eval()
     toks, _ = lhmix.tokenize(tok, TEXTS * 4, 50)
-    b = lhmix.make_batch(model, toks, [[0, 2, 5], [0, 3], [1, 4]] * 4, 8,
+    b = lhmix.make_batch(model, toks, [[0, 2, 5], [0, 3], [1, 4]] * 4,
                          np.random.default_rng(5), mlm_rate=0.3)
     pos, gold = b['mlm_pos'], b['mlm_labels']
     assert len(pos) > 5 and (gold >= 0).all()
@@ -409,7 +428,7 @@ def test_mlm_masking_selects_15_percent_of_text_then_80_10_10():
                         {'pad': 0, 'cls': 2, 'sep': 3, 'mask': 4})
     rng = np.random.default_rng(0)
     texts = [rng.integers(5, 1000, 200) for _ in range(500)]
-    b = lhmix.make_batch(model, texts, [[0]] * 500, 8, np.random.default_rng(1), mlm_rate=0.15)
+    b = lhmix.make_batch(model, texts, [[0]] * 500, np.random.default_rng(1), mlm_rate=0.15)
     ids, pos, gold = b['input_ids'].view(-1), b['mlm_pos'], b['mlm_labels']
     n, words = len(pos), np.concatenate(texts)
     counts = np.bincount(words, minlength=1000) / len(words)
@@ -445,7 +464,7 @@ def test_one_packed_row_gives_the_loss_and_gradients_of_one_document_a_row(arch,
         mixing = {'partner': partner, 'hierarchy_ids': torch.arange(7)}
     out = []
     for pack in (False, True):
-        b = lhmix.make_batch(model, docs, labels, 8, np.random.default_rng(1),
+        b = lhmix.make_batch(model, docs, labels, np.random.default_rng(1),
                              0.15 if arch == 'prompt' else 0, pack=pack)
         model.zero_grad(set_to_none=True)
         with lhmix.autocast(dev):
@@ -466,14 +485,15 @@ def test_local_hierarchy_ids_and_table_equal_live_frozen_encoder(tiny):
     w, (d1, d2, d3) = tok.convert_tokens_to_ids, model.depth_ids
     assert ids == [tok.cls_token_id, d1, w('sci'), w('art'), d2, w('quantum'), w('physics'), d3,
                    tok.sep_token_id]
-    sets = [[0, 2], [1], [2, 0], [0, 2, 5], [1, 4]]
+    sets = [[0, 2], [1], [2, 0], [0, 2, 5], [1, 4], [5]]  # [5], a leaf alone: closed upward
     lhmix.local_hierarchy_table(model.eval(), tok, sets)
     assert not model.training  # mode restored
     model.train()  # dropout on: the table must still come from the eval-mode encoder
     table, index = lhmix.local_hierarchy_table(model, tok, sets, batch_size=2)  # chunks of 2
     assert model.training and table.dtype == torch.float32 and index.dtype == torch.int64
     assert table.device == next(model.parameters()).device and index.device.type == 'cpu'
-    assert len(table) == 4 and index[0] == index[2] and len(set(index.tolist())) == 4
+    assert len(table) == 4 and index[0] == index[2] and index[5] == index[3]
+    assert len(set(index.tolist())) == 4
     model.eval()
     # Sec. 4.1's sequences by hand: [CLS] [D1] <depth-1 names> [D2] <depth-2 names> [D3] ... [SEP]
     # (labels: 0 Sci, 1 Art, 2 quantum_physics, 4 jazz_music, 5 optics; depth tokens follow the

@@ -3,7 +3,9 @@
 instant), CUDA graphs, the README.
 Expected values are computed here (F1 counted by hand) or are an uninterrupted run's; nothing is
 downloaded (the `tiny` BERT, the synthetic demo set or files in tmp_path)."""
+import ast
 import errno
+import functools
 import hashlib
 import json
 import math
@@ -145,24 +147,20 @@ def recorded(tmp_path_factory):
     """Each epoch's steps of real runs, as train.py's step sees them: (batch, lambda, torch's
     random state). Prompt + LH-Mix on the whole demo training split (two epochs, batch 32, Mixup
     from the first), Prompt + Mixup and BERT + LH-Mix on FAST's 12 documents."""
-    root, make, one_epoch, out = tmp_path_factory.mktemp('recorded'), train.make_step, \
+    root, step, one_epoch, out = tmp_path_factory.mktemp('recorded'), train.train_step, \
         train.train_epoch, {}
     for name, flags in [('lhmix', ['--train-fraction', '1', '--epochs', '2', '--batch', '32']),
                         ('mixup', ['--mix', 'mixup', '--epochs', '1']),
                         ('bert', ['--arch', 'bert', '--epochs', '1'])]:
         epochs = []
 
-        def recording(model, *a, **k):
-            step, opt = make(model, *a, **k)
-
-            def record(**batch):
-                state = torch.get_rng_state()
-                loss, lam = step(**batch)
-                epochs[-1].append((batch, lam, state))
-                return loss, lam
-            return record, opt
+        def recording(model, opt, scaler, batch):
+            state = torch.get_rng_state()
+            loss, lam = step(model, opt, scaler, batch)
+            epochs[-1].append((batch, lam, state))
+            return loss, lam
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(train, 'make_step', recording)
+            mp.setattr(train, 'train_step', recording)
             mp.setattr(train, 'train_epoch', lambda *a: (epochs.append([]), one_epoch(*a))[1])
             train.main(FAST + flags + ['--out', str(root / name)])
         out[name] = epochs, root / name
@@ -224,8 +222,8 @@ def test_early_stopping_on_dev_macro_f1_and_best_the_first_of_equals(tmp_path, m
     2. With --early-stop 2 the run stops after epoch 3 (two epochs without a better macro-F1),
     and best/ is epoch 1: macro-F1's, and the first of two equal ones."""
     macro, micro, line = [0.1, 0.3, 0.2, 0.3, 0.25, 0.9], [0.5, 0.1, 0.9, 0.2, 0.3, 0.3], \
-        train.epoch_line
-    monkeypatch.setattr(train, 'epoch_line', lambda run, epoch, *a: {
+        train.evaluate_dev
+    monkeypatch.setattr(train, 'evaluate_dev', lambda run, epoch, *a: {
         **line(run, epoch, *a), 'dev_macro_f1': macro[epoch], 'dev_micro_f1': micro[epoch]})
     out = tmp_path / 'run'
     train.main(FAST + ['--epochs', '6', '--early-stop', '2', '--out', str(out)])
@@ -668,15 +666,17 @@ def test_a_kill_at_any_rename_leaves_loadable_checkpoints_and_the_next_run_clean
 def _run_steps(model, docs, labels, ids, device, mix, graphs, steps=10):
     """train.py's step over two epochs' batches, LH-Mix's lambda from the model's table."""
     rng = np.random.default_rng(1)
-    step, _ = train.make_step(model, 1e-3, graphs)
+    opt, scaler = train.make_optimizer(model, 1e-3, graphs)
+    step = functools.partial(train.train_step, model, opt, scaler)
+    step = lhmix.CUDAGraphs(step) if graphs else step
     model.train()
     losses = []
     for idx, partner in (lhmix.train_batches([len(d) for d in docs], 8, rng, mix) * 2)[:steps]:
-        b = lhmix.make_batch(model, [docs[i] for i in idx], [labels[i] for i in idx], 8, rng, 0.15,
-                             static=graphs, pack=mix)
+        b = lhmix.make_batch(model, [docs[i] for i in idx], [labels[i] for i in idx], rng, 0.15,
+                             for_cuda_graphs=graphs, pack=mix)
         if mix:
             b['partner'], b['hierarchy_ids'] = torch.from_numpy(partner), torch.from_numpy(ids[idx])
-        loss, lam = step(**lhmix.to_device(b, device))
+        loss, lam = step(lhmix.to_device(b, device))
         losses.append(loss.item())
     return losses, step
 
@@ -721,15 +721,42 @@ def test_cuda_graph_steps_match_eager_on_gpu_bf16(mix):
 
 # The README's Python examples run as written
 
-def test_readme_examples_run_as_written(demo_run, tmp_path, monkeypatch, capsys):
+def readme_blocks(alone):
+    """The README's Python blocks that run with lhmix.py alone, or those run from this folder."""
     blocks = re.findall(r'```python\n(.*?)```', (HERE / 'README.md').read_text('utf-8'), re.S)
+    return [b for b in blocks if ('import torch, transformers, lhmix\n' in b) == alone]
+
+
+def test_readme_examples_run_as_written(demo_run, tmp_path, monkeypatch, capsys):
     (tmp_path / 'out' / 'demo-prompt-lhmix-s0').mkdir(parents=True)
     (tmp_path / 'out' / 'demo-prompt-lhmix-s0' / 'best').symlink_to(demo_run[0] / 'best')
     monkeypatch.chdir(tmp_path)  # the quick start's demo run, as out/ beside the examples
     torch.manual_seed(0)
+    blocks = readme_blocks(alone=False)
     for block in blocks:
         exec(block, {})
-    paths, pred = capsys.readouterr().out.strip().split('\n', 1)
+    paths = capsys.readouterr().out.strip()
     h, _ = data.load_demo()
     assert all(name in h.names for p in eval(paths) for name in p)  # label paths, names by depth
-    assert len(blocks) == 2 and len(re.findall(r'True|False', pred)) == 2 * 4  # (N, V) bool
+    assert len(blocks) == 1
+
+
+def test_readme_example_trains_and_predicts_with_a_copy_of_lhmix_alone(tmp_path):
+    """The block for other projects, run in a folder that holds only lhmix.py, where none of this
+    project's other modules can be imported: five steps with LH-Mix's ratios, then predictions."""
+    block, = readme_blocks(alone=True)
+    imported = {a.name for node in ast.walk(ast.parse(block))
+                if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
+    assert imported == {'torch', 'transformers', 'lhmix'}
+    shutil.copy(HERE / 'lhmix.py', tmp_path)
+    (tmp_path / 'example.py').write_text(block, 'utf-8')
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+    out = subprocess.run([sys.executable, 'example.py'], cwd=tmp_path, env=env, text=True,
+                         capture_output=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [line.split(':')[0] for line in lines[:5]] == [f'step {i}' for i in range(5)]
+    for line in lines[:5]:  # Eq. 4 keeps every ratio in [0.5, beta]
+        lam = eval(line.split('lambda ')[1])
+        assert len(lam) == 2 and all(0.5 <= x <= 0.75 for x in lam)
+    assert len(re.findall(r'True|False', '\n'.join(lines[5:]))) == 2 * 4  # (N, V) bool

@@ -79,8 +79,11 @@ def documents(n, rng):
 
 
 def make_step(model, graphs):
-    """train.py's step, at its default settings."""
-    return train.make_step(model, train.parse(['--data', 'wos'])[0].lr, graphs)[0]
+    """train.py's step at its default settings, replayed from CUDA graphs with `graphs`, as
+    train.fit makes it."""
+    opt, scaler = train.make_optimizer(model, train.parse(['--data', 'wos'])[0].lr, graphs)
+    step = functools.partial(train.train_step, model, opt, scaler)
+    return lhmix.CUDAGraphs(step) if graphs else step
 
 
 class Floor(torch.nn.Module):
@@ -97,7 +100,7 @@ class Floor(torch.nn.Module):
 
 def timed(step, keys, b):
     """step on batch b's `keys`, moved to the device per call as in train.py."""
-    return step(**lhmix.to_device({k: b[k] for k in keys}, device))
+    return step(lhmix.to_device({k: b[k] for k in keys}, device))
 
 
 def sync():
@@ -131,7 +134,7 @@ if args.epoch:  # Mixup from the first epoch, which captures most graphs
                             '--device', str(device)])
     step = make_step(model, not why_not)
     run = SimpleNamespace(args=targs, model=model, tokens={'train': docs}, gold={'train': labels},
-                          extra={'hierarchy_ids': torch.arange(len(docs)) % 64})  # train.Run's
+                          saved_tensors={'hierarchy_ids': torch.arange(len(docs)) % 64})
     for epoch in (0, 1):
         t0 = time.perf_counter()
         train.train_epoch(run, step, epoch, tqdm(disable=True))
@@ -156,9 +159,8 @@ for way in ways:
         bs = []  # train.py's batches, with local hierarchies and partners, on the CPU
         for i, idx in enumerate(order):
             r = np.random.default_rng(i)  # the same eager and graphed
-            b = lhmix.make_batch(model, [docs[j] for j in idx], [labels[j] for j in idx],
-                                 lhmix.pad_multiple(device), r, train.MLM_RATE, graphed,
-                                 mixing and graphed)
+            b = lhmix.make_batch(model, [docs[j] for j in idx], [labels[j] for j in idx], r,
+                                 train.MLM_RATE, graphed, mixing and graphed)
             bs.append(dict(b, hierarchy_ids=torch.tensor(idx % 64),
                            partner=torch.tensor(r.permutation(len(idx)))))
         keys = [k for k in bs[0] if k not in ('hierarchy_ids', 'partner')]

@@ -1,6 +1,7 @@
 """Mean +- sd of finished train.py runs per setting, and Welch's p-value of each setting against
-the first (the paper's appendix tests its figures so; needs scipy, else the p-values are left
-out); or the figures of another tool's predictions, as evaluate.py reports a checkpoint's.
+the first (the paper's appendix reports T-tests without naming which; Welch's does not assume
+equal variances; needs scipy, else the p-values are left out); or the figures of another tool's
+predictions, as evaluate.py reports a checkpoint's.
 
     python tools/summary.py runs/prompt-lhmix-s? runs/prompt-mixup-s?
     python tools/summary.py --predictions preds.jsonl --data demo
