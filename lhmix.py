@@ -132,7 +132,7 @@ class LHMix(nn.Module):
         """Eq. 1: (B, slots, V) label scores p^d; only `self.valid` entries are meaningful."""
         if self.arch == 'bert':
             return self.classifier(self.dropout(slot_hidden))
-        return self.transform(slot_hidden) @ self.label_embeddings().t() + self.label_bias
+        return self.transform(slot_hidden) @ self.label_embeddings().t() + self.label_bias  # Eq. 1
 
     def loss(self, scores, targets):
         """(B, slots): Eq. 2 per depth; for bert, HGCLR's binary cross-entropy, mean over labels."""
@@ -185,8 +185,8 @@ def zmlce(scores, targets, valid=None):
 
 
 def plain_zmlce(scores, targets, valid=None):
-    """Each sum of Eq. 2 as a log-sum-exp with a zero for its 1, masked entries at -inf: finite
-    at any size; autograd gives Eq. 8."""
+    """Each sum of Eq. 2, negatives' e^s and positives' e^-s, as a log-sum-exp with a zero for
+    its 1, masked entries at -inf: finite at any size."""
     s = scores.to(torch.promote_types(scores.dtype, torch.float32))
     pos = targets.bool()
     x = torch.where(pos, -s, s)
@@ -196,7 +196,7 @@ def plain_zmlce(scores, targets, valid=None):
 
     def log1p_sum_exp(mask):  # log(1 + sum e^x) where mask is False
         return torch.logsumexp(torch.cat([x.masked_fill(mask, -math.inf), zero], -1), -1)
-    return log1p_sum_exp(pos) + log1p_sum_exp(~pos)  # Eq. 2: negatives' e^s + positives' e^-s
+    return log1p_sum_exp(pos) + log1p_sum_exp(~pos)  # Eq. 2; autograd gives Eq. 8
 
 
 # Sec. 4: local hierarchies (Eq. 3), mixing ratio (Eq. 4), Mixup and loss mixing (Eqs. 5-7)
