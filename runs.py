@@ -21,7 +21,7 @@ METRICS, TEST_METRICS, WEIGHTS = 'metrics.jsonl', 'test_metrics.json', 'model.sa
 CHECKPOINT = ('tokenizer.json', 'tokenizer_config.json', 'config.json', WEIGHTS)  # written so
 RUN = (METRICS, TEST_METRICS, *(f'{c}/{f}' for c in ('best', 'last') for f in CHECKPOINT))
 TMP = tuple(temporary(f) for f in RUN)
-OURS = RUN + TMP + ('best', 'last')  # all train.py writes in a run folder
+OURS = ('best', 'last') + RUN + TMP  # all train.py writes in a run folder
 
 
 def unwritable(folder):
@@ -168,6 +168,14 @@ class RunFolder:
 
     def _check(self, resume, overwrite):
         """Refuses --out as it is, or says whether an earlier run is to be replaced."""
+        # a link would have the run write or delete outside --out: the user's files
+        link = next((n for n in OURS if os.path.islink(os.path.join(self.path, n))), None)
+        if link:
+            raise ValueError(
+                f'--out {self.name}: {os.path.join(self.name, link)} is a symbolic link (to '
+                f'{os.readlink(os.path.join(self.path, link))}); train.py neither writes nor '
+                'deletes through links in a run folder: put what it names in its place, or '
+                'choose another --out')
         top = sorted(os.listdir(self.path))
         other = next((os.path.join(self.name, n) for n in (  # the first, without a full walk
             os.path.relpath(os.path.join(r, n), self.path) for r, dirs, files in os.walk(self.path)

@@ -349,6 +349,11 @@ def make_out(kind, tmp_path, run):
             shutil.rmtree(out / 'last')
     elif kind == 'dangling link':
         out.symlink_to(tmp_path / 'gone')
+    elif kind == 'best/ moved out, linked back':  # --overwrite would replace the user's copy
+        shutil.copytree(run, out)
+        (tmp_path / 'keep').mkdir()
+        os.rename(out / 'best', tmp_path / 'keep' / 'mybest')
+        (out / 'best').symlink_to(tmp_path / 'keep' / 'mybest')
     return {'under a file': out / 'x', 'the repository': HERE}.get(kind, out)
 
 
@@ -374,6 +379,10 @@ def make_out(kind, tmp_path, run):
     ('saved no epoch', ['--resume'], '--resume: {out} holds no run to continue'),
     *[('locked', flags, '--out {out}: another train.py is using this folder; let it end, or '
        'choose another --out') for flags in ([], ['--resume'], ['--overwrite'])],
+    *[('best/ moved out, linked back', flags, '--out {out}: {out}/best is a symbolic link (to '
+       '{tmp}/keep/mybest); train.py neither writes nor deletes through links in a run folder: '
+       'put what it names in its place, or choose another --out')
+      for flags in ([], ['--resume'], ['--overwrite'])],
 ])
 def test_out_refused_before_computing_anything(base_run, tmp_path, monkeypatch, kind, flags,
                                                message):
