@@ -28,7 +28,7 @@ def unwritable(folder):
     """Why `folder` (made with its parents where missing) cannot be written in, or None."""
     up = folder
     while not os.path.exists(up):
-        up = os.path.dirname(up)
+        up = os.path.dirname(up) or '.'  # a relative name's first folder is the working one
     if not os.path.isdir(up):
         return f'{up} is a file, not a folder'
     return None if os.access(up, os.W_OK | os.X_OK) else f'{up} is not writable'
@@ -148,6 +148,11 @@ class RunFolder:
         self.saved, self.replacing = True, False  # so far, a failure deletes nothing
         if os.path.islink(out) and not os.path.exists(out):
             raise ValueError(f'--out {out}: a symbolic link to nothing ({self.path})')
+        # refused now, not at the first save, an epoch later
+        why = [w for w in map(unwritable, [out] + [os.path.join(out, c) for c in ('best', 'last')])
+               if w]
+        if why:
+            raise ValueError(f'--out {out}: {why[0]}')
         self.made, up = [], self.path  # the folders made here, deepest first
         while not os.path.exists(up):
             self.made, up = self.made + [up], os.path.dirname(up)

@@ -363,8 +363,8 @@ def make_out(kind, tmp_path, run):
     ('look-alike', ['--overwrite'], '--overwrite: {out}/best/pytorch_model.bin is not a file '
      'train.py writes; nothing is deleted while it is there'),
     ('look-alike', [], '--out {out}: holds no train.py run (it holds best, last, metrics.jsonl'),
-    ('file', ['--overwrite'], '{out}: File exists'),  # the OS's words
-    ('under a file', [], '{out}: Not a directory'),
+    ('file', ['--overwrite'], '--out {out}: {out} is a file, not a folder'),
+    ('under a file', [], '--out {out}: {tmp}/out is a file, not a folder'),
     ('dangling link', [], '--out {out}: a symbolic link to nothing ({tmp}/gone)'),
     ('nothing', ['--resume'], '--resume: {out} holds no run to continue'),
     ('run/e.json', [], '--out {out}: holds an earlier run; continue it with --resume, replace it '
@@ -400,24 +400,46 @@ def test_out_refused_before_computing_anything(base_run, tmp_path, monkeypatch, 
         resume(out)
 
 
-@pytest.mark.skipif(os.geteuid() == 0 and not shutil.which('setpriv'), reason='root, no setpriv')
-def test_unwritable_outputs_refused_before_computing(base_run, tmp_path):
-    """train.py --out and evaluate.py --out in a read-only folder (as root: without the
-    capabilities that override permissions)."""
-    (tmp_path / 'ro').mkdir(mode=0o555)
+UNWRITABLE = """import json, sys
+import data, evaluate, train
+data.load_data = lambda *a, **k: sys.exit('the data was read')  # and epochs may follow
+for script, argv in json.loads(sys.argv[1]):
+    try:
+        (train if script == 'train' else evaluate).main(argv)
+    except SystemExit as e:
+        print(e.code)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() == 0 and not shutil.which('setpriv'), reason='running as root '
+                    'without setpriv: root writes in read-only folders, nothing would be refused')
+def test_unwritable_outputs_refused_before_the_data_is_read(base_run, tmp_path):
+    """As a user who may not write there (root: without the capabilities that override
+    permissions): train.py --out in a read-only folder or as one, --resume and --overwrite of a
+    read-only run or of one whose best/ is read-only, evaluate.py --out in a read-only folder.
+    Each is refused in one line naming the path, before the data is read (so no epoch ran)."""
+    ro, run, best = tmp_path / 'ro', tmp_path / 'run', tmp_path / 'best_ro'
+    ro.mkdir(mode=0o555)
+    for out in (run, best):
+        shutil.copytree(base_run[1], out)
+    for folder in (run, run / 'best', run / 'last', best / 'best'):
+        folder.chmod(0o555)
+    before = tree_state(tmp_path)
+    cases = [('train', FAST + ['--out', ro / 'run'], f'{ro}/run: {ro} is not writable'),
+             ('train', FAST + ['--out', ro], f'{ro}: {ro} is not writable'),
+             ('train', ['--data', 'demo', '--device', 'cpu', '--out', run, '--resume', '--epochs',
+                        '5'], f'{run}: {run} is not writable'),
+             ('train', FAST + ['--out', run, '--overwrite'], f'{run}: {run} is not writable'),
+             ('train', FAST + ['--out', best, '--overwrite'], f'{best}: {best}/best is not '
+              'writable'),
+             ('evaluate', ['--ckpt', base_run[1] / 'best', '--data', 'demo', '--out',
+                           ro / 'e.json'], f'{ro}/e.json: {ro} is not writable')]
     drop = ['setpriv', '--inh-caps=-all', '--bounding-set=-all'] if os.geteuid() == 0 else []
-    cases = [([HERE / 'train.py', *FAST, '--out', tmp_path / 'ro' / 'run'],
-              f'error: {tmp_path}/ro/run: Permission denied'),
-             ([HERE / 'evaluate.py', '--ckpt', base_run[1] / 'best', '--data', 'demo', '--out',
-               tmp_path / 'ro' / 'e.json'], f'error: --out {tmp_path}/ro/e.json: {tmp_path}/ro '
-              'is not writable')]
-    procs = [subprocess.Popen(drop + [sys.executable, *map(str, argv)], stderr=subprocess.PIPE,
-                              text=True, env={**os.environ, 'HF_HUB_OFFLINE': '1'})
-             for argv, _ in cases]  # side by side
-    for p, (_, message) in zip(procs, cases):
-        err = p.stderr.read()
-        assert p.wait() == 1 and err.splitlines()[-1] == message, err[-2000:]
-    assert os.listdir(tmp_path / 'ro') == []
+    p = subprocess.run(drop + [sys.executable, '-c', UNWRITABLE, json.dumps(
+        [(script, list(map(str, argv))) for script, argv, _ in cases])], capture_output=True,
+        text=True, cwd=HERE, env={**os.environ, 'HF_HUB_OFFLINE': '1'})
+    assert p.stdout.splitlines() == [f'error: --out {m}' for _, _, m in cases], p.stderr[-2000:]
+    assert tree_state(tmp_path) == before
 
 
 def test_out_as_given_a_link_a_trailing_slash_or_the_folder_one_is_in(base_run, tmp_path,
