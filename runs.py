@@ -84,6 +84,9 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
     """(model, tokenizer, the metadata with 'extra': the other tensors). With `hierarchy`, the
     labels must be the data's. Runs no code from the folder (config.json's auto_map is ignored)."""
     from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
+    if os.path.isfile(folder):
+        raise ValueError(f'{folder}: a file, not a checkpoint: a checkpoint is a folder holding '
+                         f'{", ".join(CHECKPOINT)}, such as a run\'s best/')
     if os.path.isdir(os.path.join(folder, 'best')):
         raise ValueError(f'{folder}: a run, not a checkpoint: pass {os.path.join(folder, "best")}')
     missing = [f for f in CHECKPOINT if not os.path.exists(os.path.join(folder, f))]
