@@ -259,6 +259,24 @@ def test_flag_errors(tmp_path, capsys, flags, message):
     assert os.listdir(tmp_path) == []
 
 
+def test_a_gpu_past_the_last_refused_before_the_data_is_read(tmp_path, monkeypatch, capsys):
+    """train.py and evaluate.py --device cuda:N on a machine whose CUDA sees 4 GPUs (as torch
+    reports it here): cuda:4 and cuda:7 refused by argparse in one line, cuda:3 taken."""
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 4)
+    monkeypatch.setattr(data, 'load_data', lambda *a, **k: pytest.fail('the data was read'))
+    for index in (4, 7):
+        for main, argv in ((train.main, ['--out', str(tmp_path / 'out')]),
+                           (evaluate.main, ['--ckpt', str(tmp_path / 'ck')])):
+            with pytest.raises(SystemExit) as e:
+                main(['--data', 'demo', '--device', f'cuda:{index}', *argv])
+            assert e.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(
+                f'argument --device: cuda:{index}: CUDA sees 4 GPUs here (cuda:0 to cuda:3)')
+    assert train.parse(['--data', 'demo', '--device', 'cuda:3'])[0].device == torch.device(
+        'cuda:3')
+    assert os.listdir(tmp_path) == []
+
+
 def test_help_shows_each_default_its_source_and_range(capsys):
     with pytest.raises(SystemExit):
         train.parse(['-h'])
