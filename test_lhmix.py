@@ -298,6 +298,20 @@ def test_template_embeddings_batch_layout_mlm_masks_only_text_static_same_loss(t
     assert 'mlm_pos' not in c and torch.isfinite(model(**c)[0])
 
 
+def test_a_text_cut_to_max_length_keeps_its_first_word_pieces(tiny):
+    """At max_length 12 the 3-depth template takes 8 tokens and the closing [SEP] one: a text of
+    5 word-pieces (words of the tiny vocabulary) keeps its first 3 and counts as cut; one of 3
+    keeps all and does not."""
+    model, tok = tiny
+    tokens, cut = lhmix.tokenize(tok, ['light waves bend in glass', 'cells divide and'],
+                                 model.text_budget(12))
+    kept = [tok.convert_tokens_to_ids(t.split()) for t in ('light waves bend', 'cells divide and')]
+    assert [t.tolist() for t in tokens] == kept and cut == 1
+    b = lhmix.make_batch(model, tokens, [[0], [1]], 1)
+    assert b['input_ids'].shape == (2, 12)
+    assert b['input_ids'][:, 8:].tolist() == [k + [tok.sep_token_id] for k in kept]
+
+
 def bce(scores, y):  # -y log sigmoid(s) - (1 - y) log(1 - sigmoid(s)), mean over labels
     s = np.asarray(scores, np.float64)
     return (np.logaddexp(0, -s) * y + np.logaddexp(0, s) * (1 - y)).mean(-1)
