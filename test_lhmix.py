@@ -129,25 +129,59 @@ for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
         print(repr((s.double().tolist(), y.tolist(), None if valid is None else valid.tolist(),
                     up.double().tolist(), loss.double().tolist(), x.grad.double().tolist(),
                     tol)))
+# 3 documents, 2 depths of 3 labels each: no gold label at both depths, every label gold at both,
+# every label gold at the first and none at the second
+s, up = torch.randn(3, 2, 6) * 3, torch.rand(3, 2) + 0.5
+valid = torch.arange(6) // 3 == torch.arange(2)[:, None]
+y = torch.tensor([[0] * 6, [1] * 6, [1, 1, 1, 0, 0, 0]], dtype=torch.bool)[:, None]
+x = s.clone().requires_grad_()
+loss = lhmix.FusedZMLCE.apply(x, y, valid)
+(loss * up).sum().backward()
+print(repr((s.double().tolist(), y.tolist(), valid.tolist(), up.double().tolist(),
+            loss.double().tolist(), x.grad.double().tolist(), 1e-6)))
 """
 
 
-def test_fused_zmlce_kernel_on_a_cpu_by_tritons_interpreter():
+@pytest.fixture(scope='module')
+def fused_on_cpu():
     """The Triton kernel itself (FusedZMLCE), run on the CPU by Triton's interpreter in a child
-    process (TRITON_INTERPRET=1 before the kernel is decorated), against Eqs. 2 and 8 in float64:
-    the loss and the gradient of a non-uniform weighting of it, at e^1e4 too."""
+    process (TRITON_INTERPRET=1 before the kernel is decorated): each case's inputs and outputs."""
     pytest.importorskip('triton', reason='Triton is not installed (pip install triton): the '
                         'fused kernel runs only on a GPU here')
     here = os.path.dirname(os.path.abspath(lhmix.__file__))
     p = subprocess.run([sys.executable, '-c', FUSED_ON_CPU], cwd=here, capture_output=True,
                        text=True, timeout=600, env={**os.environ, 'TRITON_INTERPRET': '1'})
     assert p.returncode == 0, p.stderr[-3000:]
-    cases = [eval(line) for line in p.stdout.splitlines()]
+    return [eval(line, {'nan': math.nan, 'inf': math.inf}) for line in p.stdout.splitlines()]
+
+
+def test_fused_zmlce_kernel_on_a_cpu_by_tritons_interpreter(fused_on_cpu):
+    """Against Eqs. 2 and 8 in float64: the loss and the gradient of a non-uniform weighting of
+    it, at e^1e4 too."""
+    cases = fused_on_cpu[:-1]
     assert len(cases) == 6
     for s, y, valid, up, loss, grad, tol in cases:
         ref, ref_grad = zmlce_refs(s, y, valid)
         np.testing.assert_allclose(loss, ref, rtol=1e-5)
         np.testing.assert_allclose(grad, ref_grad * np.asarray(up)[..., None], atol=tol)
+
+
+def test_fused_zmlce_kernel_at_depths_with_no_gold_label_or_every_label_gold(fused_on_cpu):
+    """Eq. 2's empty sum is 0 (its 1 alone, log 1): a depth with no gold label costs
+    log(1 + sum e^s) over its labels, one with every label gold log(1 + sum e^-s); Eq. 8's
+    gradient is up * e^s / (1 + sum e^s), -up * e^-s / (1 + sum e^-s), 0 at other depths."""
+    s, y, valid, up, loss, grad, tol = fused_on_cpu[-1]
+    s, y, grad = np.array(s), np.array(y)[:, 0], np.array(grad)
+    assert valid == [[True] * 3 + [False] * 3, [False] * 3 + [True] * 3]
+    for b, d in np.ndindex(3, 2):
+        at = slice(3 * d, 3 * d + 3)
+        assert y[b, at].all() or not y[b, at].any()
+        sign = -1.0 if y[b, at].all() else 1.0
+        e = np.exp(sign * s[b, d, at])
+        assert loss[b][d] == pytest.approx(math.log1p(e.sum()), rel=1e-6)
+        want = np.zeros(6)
+        want[at] = sign * up[b][d] * e / (1 + e.sum())
+        np.testing.assert_allclose(grad[b, d], want, atol=tol)
 
 
 # Eqs. 3-7: hierarchy similarity, mixing ratio, Mixup of hidden states, mixed loss
