@@ -506,6 +506,20 @@ def test_one_packed_row_gives_the_loss_and_gradients_of_one_document_a_row(arch,
         assert (g is None) == (h is None) and (g is None or (h - g).norm() <= tol * g.norm() + atol)
 
 
+@pytest.mark.parametrize('device, bf16, want', [('cpu', True, None), ('cuda', True, torch.bfloat16),
+                                               ('cuda', False, torch.float16)])
+def test_autocast_bf16_on_gpus_that_have_it_else_fp16_none_on_the_cpu(monkeypatch, device, bf16,
+                                                                      want):
+    """The precision inside lhmix.autocast, as torch reports it, on a GPU with or without bf16
+    (what torch.cuda reports patched) and on the CPU, whatever the GPU."""
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'is_bf16_supported', lambda *a, **k: bf16)
+    with lhmix.autocast(torch.device(device)):
+        got = {d: torch.get_autocast_dtype(d) if torch.is_autocast_enabled(d) else None
+               for d in ('cpu', 'cuda')}
+    assert got == {'cpu': None, 'cuda': None, device: want}
+
+
 # Local hierarchies (Sec. 4.1): the sequences and the cached [CLS] table
 
 def test_local_hierarchy_ids_and_table_equal_live_frozen_encoder(tiny):
