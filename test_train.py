@@ -514,6 +514,37 @@ def test_overwrite_replaces_a_damaged_run_saying_what_was_damaged(base_run, tmp_
     assert is_whole_run(out) and len(read_metrics(out)) == 1
 
 
+def test_overwrite_and_a_failed_save_leave_no_temporary_files(base_run, tmp_path, monkeypatch):
+    """In a run where killed saves left temporary files (planted here): --overwrite interrupted
+    once its epoch is saved (Ctrl-C while the test split is scored), and --resume whose save
+    fails at its last rename (disk full), leave only train.py's files, listed here by hand."""
+    checkpoint = ['config.json', 'model.safetensors', 'tokenizer.json', 'tokenizer_config.json']
+    saved = sorted([f'{c}/{f}' for c in ('best', 'last') for f in checkpoint] + ['metrics.jsonl'])
+
+    def with_leftovers(name):  # epoch 0 saved, then Ctrl-C
+        out = shutil.copytree(base_run[0], tmp_path / name)
+        for f in ('.test_metrics.json.tmp', 'best/.model.safetensors.tmp', 'last/.config.json.tmp'):
+            (out / f).write_text('half written')
+        return out
+
+    def files(out):
+        return sorted(os.path.relpath(os.path.join(r, f), out) for r, _, fs in os.walk(out)
+                      for f in fs)
+    out = with_leftovers('overwritten')
+    with monkeypatch.context() as mp:
+        mp.setattr(runs, 'load_checkpoint', _raise(KeyboardInterrupt()))
+        with pytest.raises(SystemExit) as e:
+            train.main(FAST + ['--epochs', '1', '--out', str(out), '--overwrite'])
+    assert e.value.code == 'interrupted: continue with --resume' and files(out) == saved
+    out, replace = with_leftovers('resumed'), os.replace
+    monkeypatch.setattr(os, 'replace', lambda src, dst: (_ for _ in ()).throw(
+        OSError(errno.ENOSPC, 'No space left on device')) if str(dst).endswith(
+        'last/model.safetensors') else replace(src, dst))
+    assert error_of(lambda: resume(out)) == (f'error: {out}/last/model.safetensors: No space '
+                                             'left on device')
+    assert files(out) == saved  # best/ and metrics.jsonl of epoch 1 saved, not last/
+
+
 RACE = [sys.executable, str(HERE / 'train.py'), *FAST, '--epochs', '2', '--train-fraction', '0.05']
 
 
