@@ -138,7 +138,20 @@ def test_one_epoch_variants_and_dev_f1_by_hand(tmp_path, arch, mix, flags):
     assert line['dev_macro_f1'] == pytest.approx(sum(f1) / len(f1))
 
 
-# What a run draws: its batches, Mixup partners and ratios, MLM masks, epoch by epoch
+# What a run draws: its training documents, batches, Mixup partners and ratios, MLM masks
+
+@pytest.mark.parametrize('fraction, kept', [('1e-09', 1), ('0.01', 12), ('0.0101', 13),
+                                            ('0.0125', 15), ('0.01251', 16), ('0.5', 600),
+                                            ('1', 1200)])
+def test_train_fraction_keeps_ceil_of_fraction_times_the_training_documents(fraction, kept):
+    """Of the demo's 1200 training documents, ceil(fraction * 1200), worked by hand: 1e-9 keeps
+    one, 0.0101 keeps 13 (12.12 up), 0.0125 exactly 15; dev and test whole."""
+    run = train.prepare(*train.parse(['--data', 'demo', '--device', 'cpu', '--train-fraction',
+                                      fraction]), None)
+    assert [len(run.tokens[s]) for s in ('train', 'dev', 'test')] == [kept, 300, 300]
+    assert len(run.gold['train']) == kept
+
+
 
 @pytest.fixture(scope='module')
 def recorded(tmp_path_factory):
