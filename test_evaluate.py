@@ -186,5 +186,6 @@ def test_empty_input_gives_empty_output_and_ctrl_c_one_line(run, tmp_path, monke
     monkeypatch.setattr(lhmix, 'score_documents', lambda *a, **k: (_ for _ in ()).throw(
         KeyboardInterrupt))  # Ctrl-C while classifying
     with pytest.raises(SystemExit) as e:
-        evaluate.main(['--ckpt', str(run / 'best'), '--texts', str(tmp_path / 'in.txt')])
+        evaluate.main(['--ckpt', str(run / 'best'), '--texts', str(tmp_path / 'in.txt'),
+                       '--device', 'cpu'])
     assert e.value.code == 'interrupted' and capsys.readouterr().out == ''

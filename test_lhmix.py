@@ -76,7 +76,8 @@ def test_zmlce_and_refs_by_hand():
 # float64 (and the authors' form) on plain rows and on (B, D, V) rows with targets broadcast over
 # depths and valid over the batch; half precision on the CPU; the fused CUDA kernel (with a GPU)
 GPU = pytest.mark.skipif(not torch.cuda.is_available() or lhmix.triton is None,
-                         reason='needs a CUDA GPU and Triton')
+                         reason='the CUDA path needs a CUDA GPU and Triton; the cpu cases beside '
+                         "it, and the fused kernel under Triton's interpreter, are its CPU twins")
 CASES = ([('cpu', torch.float64, 1e-12, *shapes) for shapes in (
     ((5, 7), (5, 7), None), ((5, 7), (5, 7), (5, 7)), ((3, 2, 6), (3, 1, 6), (2, 6)),
     ((4, 3, 8), (4, 1, 8), (3, 8)))]

@@ -683,8 +683,8 @@ def test_failure_leaves_every_file_as_it_was(base_run, tmp_path, monkeypatch, se
         setup(mp)
         for argv, message in [(FAST + ['--out', str(tmp_path / 'new')], fresh),
                               (['--overwrite', '--out', str(out), *FAST], fresh),
-                              (['--data', 'demo', '--out', str(out), '--resume'],
-                               resumed or fresh)]:
+                              (['--data', 'demo', '--device', 'cpu', '--out', str(out),
+                                '--resume'], resumed or fresh)]:
             with pytest.raises(SystemExit) as e:
                 train.main(argv)
             assert e.value.code == message.format(out=argv[argv.index('--out') + 1]).replace(
@@ -774,7 +774,8 @@ def _run_steps(model, docs, labels, ids, device, mix, graphs, steps=10):
     return losses, step
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="train.py's GPU path needs a CUDA GPU; "
+                    'the demo runs above are its CPU twin')
 def test_a_run_on_the_gpu_and_its_resumption(tmp_path):
     """LH-Mix with Mixup from the first epoch on the GPU (graphed steps where CUDA graphs run, the
     local hierarchies' table on the GPU), then resumed there: train.py's device path end to end."""
@@ -786,7 +787,8 @@ def test_a_run_on_the_gpu_and_its_resumption(tmp_path):
     assert is_whole_run(tmp_path / 'run')
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='CUDA graphs exist on CUDA GPUs only: '
+                    'no CPU twin can run')
 @pytest.mark.parametrize('mix', [False, True])
 def test_cuda_graph_steps_match_eager_on_gpu_bf16(mix):
     import copy
