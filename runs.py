@@ -21,14 +21,14 @@ METRICS, TEST_METRICS, WEIGHTS = 'metrics.jsonl', 'test_metrics.json', 'model.sa
 CHECKPOINT = ('tokenizer.json', 'tokenizer_config.json', 'config.json', WEIGHTS)  # written so
 RUN = (METRICS, TEST_METRICS, *(f'{c}/{f}' for c in ('best', 'last') for f in CHECKPOINT))
 TMP = tuple(temporary(f) for f in RUN)
-OURS = RUN + TMP + ('best', 'last')  # all train.py writes in a run folder
+OURS = ('best', 'last') + RUN + TMP  # all train.py writes in a run folder
 
 
 def unwritable(folder):
     """Why `folder` (made with its parents where missing) cannot be written in, or None."""
     up = folder
     while not os.path.exists(up):
-        up = os.path.dirname(up)
+        up = os.path.dirname(up) or '.'  # a relative name's first folder is the working one
     if not os.path.isdir(up):
         return f'{up} is a file, not a folder'
     return None if os.access(up, os.W_OK | os.X_OK) else f'{up} is not writable'
@@ -84,6 +84,9 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
     """(model, tokenizer, the metadata with 'extra': the other tensors). With `hierarchy`, the
     labels must be the data's. Runs no code from the folder (config.json's auto_map is ignored)."""
     from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
+    if os.path.isfile(folder):
+        raise ValueError(f'{folder}: a file, not a checkpoint: a checkpoint is a folder holding '
+                         f'{", ".join(CHECKPOINT)}, such as a run\'s best/')
     if os.path.isdir(os.path.join(folder, 'best')):
         raise ValueError(f'{folder}: a run, not a checkpoint: pass {os.path.join(folder, "best")}')
     missing = [f for f in CHECKPOINT if not os.path.exists(os.path.join(folder, f))]
@@ -148,6 +151,11 @@ class RunFolder:
         self.saved, self.replacing = True, False  # so far, a failure deletes nothing
         if os.path.islink(out) and not os.path.exists(out):
             raise ValueError(f'--out {out}: a symbolic link to nothing ({self.path})')
+        # refused now, not at the first save, an epoch later
+        why = [w for w in map(unwritable, [out] + [os.path.join(out, c) for c in ('best', 'last')])
+               if w]
+        if why:
+            raise ValueError(f'--out {out}: {why[0]}')
         self.made, up = [], self.path  # the folders made here, deepest first
         while not os.path.exists(up):
             self.made, up = self.made + [up], os.path.dirname(up)
@@ -168,6 +176,14 @@ class RunFolder:
 
     def _check(self, resume, overwrite):
         """Refuses --out as it is, or says whether an earlier run is to be replaced."""
+        # a link would have the run write or delete outside --out: the user's files
+        link = next((n for n in OURS if os.path.islink(os.path.join(self.path, n))), None)
+        if link:
+            raise ValueError(
+                f'--out {self.name}: {os.path.join(self.name, link)} is a symbolic link (to '
+                f'{os.readlink(os.path.join(self.path, link))}); train.py neither writes nor '
+                'deletes through links in a run folder: put what it names in its place, or '
+                'choose another --out')
         top = sorted(os.listdir(self.path))
         other = next((os.path.join(self.name, n) for n in (  # the first, without a full walk
             os.path.relpath(os.path.join(r, n), self.path) for r, dirs, files in os.walk(self.path)

@@ -100,6 +100,9 @@ def test_evaluate_reproduces_test_metrics_and_rescores_its_predictions(run, tmp_
         ('--out', '{r}/metrics.jsonl/e.json', '{r}/metrics.jsonl is a file, not a folder')]],
     (['--ckpt', '{c}', '--data', 'demo', '--out', '{t}'], '{t}: Is a directory'),
     (['--ckpt', '{r}', '--data', 'demo'], '{r}: a run, not a checkpoint: pass {r}/best'),
+    (['--ckpt', '{c}/model.safetensors', '--data', 'demo'], '{c}/model.safetensors: a file, not a '
+     'checkpoint: a checkpoint is a folder holding tokenizer.json, tokenizer_config.json, '
+     "config.json, model.safetensors, such as a run's best/"),
     (['--ckpt', '{c}', '--texts', '{t}'], '{t}: Is a directory'),
     (['--ckpt', '{c}', '--texts', '{t}/no.txt'], '{t}/no.txt: No such file or directory'),
 ])
@@ -183,5 +186,6 @@ def test_empty_input_gives_empty_output_and_ctrl_c_one_line(run, tmp_path, monke
     monkeypatch.setattr(lhmix, 'score_documents', lambda *a, **k: (_ for _ in ()).throw(
         KeyboardInterrupt))  # Ctrl-C while classifying
     with pytest.raises(SystemExit) as e:
-        evaluate.main(['--ckpt', str(run / 'best'), '--texts', str(tmp_path / 'in.txt')])
+        evaluate.main(['--ckpt', str(run / 'best'), '--texts', str(tmp_path / 'in.txt'),
+                       '--device', 'cpu'])
     assert e.value.code == 'interrupted' and capsys.readouterr().out == ''

@@ -76,7 +76,8 @@ def test_zmlce_and_refs_by_hand():
 # float64 (and the authors' form) on plain rows and on (B, D, V) rows with targets broadcast over
 # depths and valid over the batch; half precision on the CPU; the fused CUDA kernel (with a GPU)
 GPU = pytest.mark.skipif(not torch.cuda.is_available() or lhmix.triton is None,
-                         reason='needs a CUDA GPU and Triton')
+                         reason='the CUDA path needs a CUDA GPU and Triton; the cpu cases beside '
+                         "it, and the fused kernel under Triton's interpreter, are its CPU twins")
 CASES = ([('cpu', torch.float64, 1e-12, *shapes) for shapes in (
     ((5, 7), (5, 7), None), ((5, 7), (5, 7), (5, 7)), ((3, 2, 6), (3, 1, 6), (2, 6)),
     ((4, 3, 8), (4, 1, 8), (3, 8)))]
@@ -129,25 +130,59 @@ for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
         print(repr((s.double().tolist(), y.tolist(), None if valid is None else valid.tolist(),
                     up.double().tolist(), loss.double().tolist(), x.grad.double().tolist(),
                     tol)))
+# 3 documents, 2 depths of 3 labels each: no gold label at both depths, every label gold at both,
+# every label gold at the first and none at the second
+s, up = torch.randn(3, 2, 6) * 3, torch.rand(3, 2) + 0.5
+valid = torch.arange(6) // 3 == torch.arange(2)[:, None]
+y = torch.tensor([[0] * 6, [1] * 6, [1, 1, 1, 0, 0, 0]], dtype=torch.bool)[:, None]
+x = s.clone().requires_grad_()
+loss = lhmix.FusedZMLCE.apply(x, y, valid)
+(loss * up).sum().backward()
+print(repr((s.double().tolist(), y.tolist(), valid.tolist(), up.double().tolist(),
+            loss.double().tolist(), x.grad.double().tolist(), 1e-6)))
 """
 
 
-def test_fused_zmlce_kernel_on_a_cpu_by_tritons_interpreter():
+@pytest.fixture(scope='module')
+def fused_on_cpu():
     """The Triton kernel itself (FusedZMLCE), run on the CPU by Triton's interpreter in a child
-    process (TRITON_INTERPRET=1 before the kernel is decorated), against Eqs. 2 and 8 in float64:
-    the loss and the gradient of a non-uniform weighting of it, at e^1e4 too."""
+    process (TRITON_INTERPRET=1 before the kernel is decorated): each case's inputs and outputs."""
     pytest.importorskip('triton', reason='Triton is not installed (pip install triton): the '
                         'fused kernel runs only on a GPU here')
     here = os.path.dirname(os.path.abspath(lhmix.__file__))
     p = subprocess.run([sys.executable, '-c', FUSED_ON_CPU], cwd=here, capture_output=True,
                        text=True, timeout=600, env={**os.environ, 'TRITON_INTERPRET': '1'})
     assert p.returncode == 0, p.stderr[-3000:]
-    cases = [eval(line) for line in p.stdout.splitlines()]
+    return [eval(line, {'nan': math.nan, 'inf': math.inf}) for line in p.stdout.splitlines()]
+
+
+def test_fused_zmlce_kernel_on_a_cpu_by_tritons_interpreter(fused_on_cpu):
+    """Against Eqs. 2 and 8 in float64: the loss and the gradient of a non-uniform weighting of
+    it, at e^1e4 too."""
+    cases = fused_on_cpu[:-1]
     assert len(cases) == 6
     for s, y, valid, up, loss, grad, tol in cases:
         ref, ref_grad = zmlce_refs(s, y, valid)
         np.testing.assert_allclose(loss, ref, rtol=1e-5)
         np.testing.assert_allclose(grad, ref_grad * np.asarray(up)[..., None], atol=tol)
+
+
+def test_fused_zmlce_kernel_at_depths_with_no_gold_label_or_every_label_gold(fused_on_cpu):
+    """Eq. 2's empty sum is 0 (its 1 alone, log 1): a depth with no gold label costs
+    log(1 + sum e^s) over its labels, one with every label gold log(1 + sum e^-s); Eq. 8's
+    gradient is up * e^s / (1 + sum e^s), -up * e^-s / (1 + sum e^-s), 0 at other depths."""
+    s, y, valid, up, loss, grad, tol = fused_on_cpu[-1]
+    s, y, grad = np.array(s), np.array(y)[:, 0], np.array(grad)
+    assert valid == [[True] * 3 + [False] * 3, [False] * 3 + [True] * 3]
+    for b, d in np.ndindex(3, 2):
+        at = slice(3 * d, 3 * d + 3)
+        assert y[b, at].all() or not y[b, at].any()
+        sign = -1.0 if y[b, at].all() else 1.0
+        e = np.exp(sign * s[b, d, at])
+        assert loss[b][d] == pytest.approx(math.log1p(e.sum()), rel=1e-6)
+        want = np.zeros(6)
+        want[at] = sign * up[b][d] * e / (1 + e.sum())
+        np.testing.assert_allclose(grad[b, d], want, atol=tol)
 
 
 # Eqs. 3-7: hierarchy similarity, mixing ratio, Mixup of hidden states, mixed loss
@@ -296,6 +331,20 @@ def test_template_embeddings_batch_layout_mlm_masks_only_text_graph_padding_same
     # MLM on but so rare that nothing is drawn, as in a short last batch: no MLM term, finite
     c = lhmix.make_batch(model, docs[:2], [[0], [1]], np.random.default_rng(0), 1e-12)
     assert 'mlm_pos' not in c and torch.isfinite(model(**c)[0])
+
+
+def test_a_text_cut_to_max_length_keeps_its_first_word_pieces(tiny):
+    """At max_length 12 the 3-depth template takes 8 tokens and the closing [SEP] one: a text of
+    5 word-pieces (words of the tiny vocabulary) keeps its first 3 and counts as cut; one of 3
+    keeps all and does not."""
+    model, tok = tiny
+    tokens, cut = lhmix.tokenize(tok, ['light waves bend in glass', 'cells divide and'],
+                                 model.text_budget(12))
+    kept = [tok.convert_tokens_to_ids(t.split()) for t in ('light waves bend', 'cells divide and')]
+    assert [t.tolist() for t in tokens] == kept and cut == 1
+    b = lhmix.make_batch(model, tokens, [[0], [1]])
+    assert b['attention_mask'].sum(1).tolist() == [12, 12]  # max_length tokens, then padding
+    assert b['input_ids'][:, 8:12].tolist() == [k + [tok.sep_token_id] for k in kept]
 
 
 def bce(scores, y):  # -y log sigmoid(s) - (1 - y) log(1 - sigmoid(s)), mean over labels
@@ -475,6 +524,20 @@ def test_one_packed_row_gives_the_loss_and_gradients_of_one_document_a_row(arch,
     assert packed_shape[0] == 1 and shape[0] == 7 and packed == pytest.approx(whole, rel=tol)
     for g, h in zip(grads, packed_grads):  # None: a weight the arch does not use
         assert (g is None) == (h is None) and (g is None or (h - g).norm() <= tol * g.norm() + atol)
+
+
+@pytest.mark.parametrize('device, bf16, want', [('cpu', True, None), ('cuda', True, torch.bfloat16),
+                                               ('cuda', False, torch.float16)])
+def test_autocast_bf16_on_gpus_that_have_it_else_fp16_none_on_the_cpu(monkeypatch, device, bf16,
+                                                                      want):
+    """The precision inside lhmix.autocast, as torch reports it, on a GPU with or without bf16
+    (what torch.cuda reports patched) and on the CPU, whatever the GPU."""
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'is_bf16_supported', lambda *a, **k: bf16)
+    with lhmix.autocast(torch.device(device)):
+        got = {d: torch.get_autocast_dtype(d) if torch.is_autocast_enabled(d) else None
+               for d in ('cpu', 'cuda')}
+    assert got == {'cpu': None, 'cuda': None, device: want}
 
 
 # Local hierarchies (Sec. 4.1): the sequences and the cached [CLS] table

@@ -89,7 +89,7 @@ def test_a_closed_pipe_ends_every_script_quietly(run, tmp_path):
     commands = [[os.path.join(root, 'train.py'), *FAST, '--epochs', '1', '--out',
                  str(tmp_path / 'run')],
                 [os.path.join(root, 'evaluate.py'), '--ckpt', str(run / 'best'), '--texts',
-                 str(tmp_path / 'in.txt')],
+                 str(tmp_path / 'in.txt'), '--device', 'cpu'],
                 [os.path.join(TOOLS, 'summary.py'), str(run)],
                 [os.path.join(TOOLS, 'similar.py'), '--ckpt', str(run / 'best'), '--label',
                  'optics']]
@@ -112,7 +112,8 @@ def test_a_missing_prediction_file_is_named_before_any_data_is_read(tmp_path, mo
 
 def test_summary_of_a_run_and_of_its_saved_predictions(run, tmp_path, capsys):
     p = tmp_path / 'p.jsonl'
-    evaluate.main(['--ckpt', str(run / 'best'), '--data', 'demo', '--save-predictions', str(p)])
+    evaluate.main(['--ckpt', str(run / 'best'), '--data', 'demo', '--device', 'cpu',
+                   '--save-predictions', str(p)])
     test = json.loads((run / runs.TEST_METRICS).read_text())
     capsys.readouterr()
     summary.main(['--predictions', str(p), '--data', 'demo'])
