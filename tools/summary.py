@@ -7,9 +7,11 @@ predictions, as evaluate.py reports a checkpoint's.
     python tools/summary.py --predictions preds.jsonl --data demo
 """
 import argparse
+import contextlib
 import json
 import os
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -21,21 +23,53 @@ import runs  # noqa: E402
 NOT_SETTINGS = ('seed', 'data_dir')  # a run's arguments that do not change what it measures
 
 
-def summary(folders):
-    """Each run once, grouped by setting: n, mean +- sd, Welch's p against the first group, and
-    Fig. 7's macro-F1 per depth and label-frequency quartile."""
+@contextlib.contextmanager
+def finished_run(path):
+    """Any error reading a run's file `path` (missing, not JSON, not a run's) names it so."""
+    try:
+        yield
+    except Exception as e:
+        raise ValueError(f'{path}: not a finished train.py run ({e!r})') from None
+
+
+def setting_name(args, keys):
+    """A setting named by its values of `keys`, the arguments that tell it from the others."""
+    return ' '.join(f'{k}={args.get(k)}' for k in keys) or 'all runs'
+
+
+@dataclass
+class Setting:
+    """The finished runs of one setting: their arguments but NOT_SETTINGS all equal."""
+    name: str      # the arguments that tell it from the other settings given; 'all runs' if none
+    args: dict     # train.py's arguments, less NOT_SETTINGS
+    folders: list  # each run's folder
+    tests: list    # each run's test_metrics.json
+
+
+def settings(folders):
+    """Each run once, grouped by setting in the order given; and the argument names that differ
+    between the settings (they name them)."""
     groups = {}
     for run in dict.fromkeys(os.path.realpath(r) for r in folders):
         path = os.path.join(run, runs.TEST_METRICS)
-        try:
+        with finished_run(path):
             with open(path, encoding='utf-8') as f:
                 m = json.load(f)
             args = {k: v for k, v in m['args'].items() if k not in NOT_SETTINGS}
-        except Exception as e:  # missing, not JSON or not a run's: the message says which
-            raise ValueError(f'{path}: not a finished train.py run ({e!r})') from None
-        groups.setdefault(json.dumps(args, sort_keys=True), (args, []))[1].append(m)
-    varying = sorted({k for a, _ in groups.values() for k in a
-                      if len({json.dumps(b.get(k)) for b, _ in groups.values()}) > 1})
+        s = groups.setdefault(json.dumps(args, sort_keys=True), Setting('', args, [], []))
+        s.folders.append(run)
+        s.tests.append(m)
+    varying = sorted({k for s in groups.values() for k in s.args
+                      if len({json.dumps(t.args.get(k)) for t in groups.values()}) > 1})
+    for s in groups.values():
+        s.name = setting_name(s.args, varying)
+    return list(groups.values()), varying
+
+
+def summary(folders):
+    """Each run once, grouped by setting: n, mean +- sd, Welch's p against the first group, and
+    Fig. 7's macro-F1 per depth and label-frequency quartile."""
+    groups, _ = settings(folders)
     try:
         from scipy.stats import ttest_ind
     except ImportError:
@@ -45,8 +79,8 @@ def summary(folders):
     fig7 = [f"\n{'setting':<50} macro-F1 per depth, then per label-frequency quartile "
             '(rarest first)']
     rows = []
-    for args, ms in groups.values():
-        setting = ' '.join(f'{k}={args.get(k)}' for k in varying) or 'all runs'
+    for group in groups:
+        setting, ms = group.name, group.tests
         f1, n = 100 * np.array([(m['micro_f1'], m['macro_f1']) for m in ms]), len(ms)
         sd = p = None  # one run has no sd and no p-value
         if n > 1:
