@@ -82,7 +82,7 @@ def device(name):
         raise argparse.ArgumentTypeError(f'{name}: only cpu' + (', cuda or cuda:N' if cuda else
                                                                 ' (no CUDA GPU here)'))
     n, index = torch.cuda.device_count() if cuda else 0, torch.device(name).index
-    if index is not None and index >= n:  # else torch fails only once the data is read
+    if index is not None and index >= n:  # Torch would fail only once the data is read.
         raise argparse.ArgumentTypeError(f'{name}: CUDA sees {n} GPU' + (
             f's here (cuda:0 to cuda:{n - 1})' if n > 1 else ' here (cuda:0)'))
     return torch.device(name)

@@ -151,7 +151,7 @@ class RunFolder:
         self.saved, self.replacing = True, False  # so far, a failure deletes nothing
         if os.path.islink(out) and not os.path.exists(out):
             raise ValueError(f'--out {out}: a symbolic link to nothing ({self.path})')
-        # refused now, not at the first save, an epoch later
+        # An unwritable folder is refused now, not at the first save, an epoch later.
         why = [w for w in map(unwritable, [out] + [os.path.join(out, c) for c in ('best', 'last')])
                if w]
         if why:
@@ -176,7 +176,7 @@ class RunFolder:
 
     def _check(self, resume, overwrite):
         """Refuses --out as it is, or says whether an earlier run is to be replaced."""
-        # a link would have the run write or delete outside --out: the user's files
+        # A link would have the run write or delete outside --out, in the user's own files.
         link = next((n for n in OURS if os.path.islink(os.path.join(self.path, n))), None)
         if link:
             raise ValueError(
