@@ -764,6 +764,31 @@ def test_a_kill_at_any_rename_leaves_loadable_checkpoints_and_the_next_run_clean
         assert [m['epoch'] for m in read_metrics(out)] == [0, 1]
 
 
+# One step: a weight that a step leaves unused still moves by Adam's momentum, as with gradient 0
+
+def test_a_weight_a_step_leaves_unused_moves_as_with_gradient_0():
+    """The MLM head's bias gets a gradient only from a batch with masked text. After a step on
+    one, a step on a batch without moves it by Adam's update for gradient 0, by hand in float64:
+    m = b1 m, v = b2 v, then -lr m^ / (sqrt(v^) + eps), so eager and graphed steps agree."""
+    from test_data import tiny_model
+    from test_lhmix import PARENTS
+    torch.manual_seed(0)
+    model, _ = tiny_model(lhmix.Hierarchy(PARENTS))
+    opt, scaler = train.make_optimizer(model, 1e-3, capturable=False)
+    docs = [np.arange(5, 25), np.arange(7, 19)]
+    bias = model.mlm.get_output_embeddings().bias
+    train.train_step(model, opt, scaler, lhmix.make_batch(
+        model, docs, [[0], [1]], np.random.default_rng(0), mlm_rate=0.5))
+    g, b1 = bias.grad.double().clone(), bias.detach().double().clone()
+    assert g.abs().max() > 0
+    train.train_step(model, opt, scaler, lhmix.make_batch(model, docs, [[0], [1]]))
+    (beta1, beta2), eps, lr = opt.defaults['betas'], opt.defaults['eps'], 1e-3
+    m, v = beta1 * (1 - beta1) * g, beta2 * (1 - beta2) * g ** 2
+    want = b1 - lr * (m / (1 - beta1 ** 2)) / ((v / (1 - beta2 ** 2)).sqrt() + eps)
+    torch.testing.assert_close(bias.detach().double(), want, rtol=1e-5, atol=1e-7)
+    assert not torch.equal(bias.detach().double(), b1)
+
+
 # CUDA graphs: steps replayed from graphs give the eager numbers
 
 def _run_steps(model, docs, labels, ids, device, mix, graphs, steps=10):

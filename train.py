@@ -190,9 +190,9 @@ def make_optimizer(model, lr, capturable, state=None):
     # fp16, on a GPU without bf16 (which runs no CUDA graphs), needs its loss scaled so that
     # small gradients do not round to 0; the scale starts afresh at --resume.
     scaler = torch.amp.GradScaler(enabled=cuda and not torch.cuda.is_bf16_supported())
-    # Gradients are allocated once and zeroed in place by every step, so that a CUDA graph keeps
-    # writing the same memory and Adam treats a weight that a step leaves unused alike in eager
-    # and graphed steps: as having gradient 0.
+    # Every gradient is allocated here, once, and zeroed in place by every step: a CUDA graph
+    # then writes the same memory at every replay, and each graph, eager step alike, updates a
+    # weight that its batch leaves unused as one with gradient 0, even if no batch used it yet.
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     return opt, scaler
