@@ -2,6 +2,7 @@
 series and points of each figure, and where the points lie, checked against the runs' own files
 averaged here (statistics.mean and stdev) and against Eq. 4; the skipped figures, PNGs, and the
 one-line errors."""
+import importlib.util
 import json
 import os
 import re
@@ -37,6 +38,10 @@ NAMES = [f'alpha={a} beta={b} mix={m} train_fraction={f}' for a, b, m, f in [
 # largest, a rounding above beta 0.75, is s = 0
 LAMBDAS = [[0.5, 0.51, 0.53, 0.56, 0.6, 0.68, 0.7500001],
            [0.5, 0.52, 0.55, 0.58, 0.62, 0.7, 0.7500001]]
+
+
+MATPLOTLIB = pytest.mark.skipif(importlib.util.find_spec('matplotlib') is None,
+                                reason='matplotlib is not installed (pip install matplotlib)')
 
 
 @pytest.fixture(scope='module')
@@ -114,6 +119,7 @@ def figures(demo, tmp_path_factory):
     return out
 
 
+@MATPLOTLIB
 def test_training_curves_mean_over_seeds_with_sd_best_epochs_and_mixup_start(demo, figures):
     svg, ds = figure(figures, 'curves')
     assert all(f'>{name}<' in svg for name in NAMES)
@@ -142,6 +148,7 @@ def test_training_curves_mean_over_seeds_with_sd_best_epochs_and_mixup_start(dem
         assert same_scale([v for v in values if v is not None], y[has])
 
 
+@MATPLOTLIB
 def test_mixing_ratios_per_epoch_and_on_eq_4s_curve(demo, figures):
     svg, ds = figure(figures, 'lambda')
     assert all(f'>{name}<' in svg for name in NAMES)
@@ -179,6 +186,7 @@ def test_mixing_ratios_per_epoch_and_on_eq_4s_curve(demo, figures):
         assert (min(xs), max(xs)) == pytest.approx((s[hi], s[lo]), abs=1e-5)
 
 
+@MATPLOTLIB
 def test_fig_4_test_f1_against_train_fraction(demo, figures):
     svg, ds = figure(figures, 'fig4_train_fraction')
     lines = [[0, 2], [1], [3], [4], [5], [6]]  # settings that differ only in --train-fraction
@@ -195,6 +203,7 @@ def test_fig_4_test_f1_against_train_fraction(demo, figures):
         assert ds[f'fig4-{f1}-0'][0][0][0] < ds[f'fig4-{f1}-0'][0][1][0]  # 0.01 left of 0.02
 
 
+@MATPLOTLIB
 def test_fig_5_macro_f1_over_the_alpha_and_beta_grids(demo, figures):
     svg, ds = figure(figures, 'fig5_alpha_beta')
     assert '>beta=0.75 mix=lhmix train_fraction=0.01<' in svg
@@ -208,6 +217,7 @@ def test_fig_5_macro_f1_over_the_alpha_and_beta_grids(demo, figures):
             'macro_f1'] for r in SETTINGS[i]])[0] for i in line], points[:, 1])
 
 
+@MATPLOTLIB
 def test_fig_7_a_bar_per_setting_per_depth_and_quartile(demo, figures):
     svg, ds = figure(figures, 'fig7_depth_frequency')
     assert all(f'>{name}<' in svg for name in NAMES)
@@ -227,6 +237,7 @@ def test_fig_7_a_bar_per_setting_per_depth_and_quartile(demo, figures):
     assert not [k for k in ds if k.startswith('fig7')]  # no other bar
 
 
+@MATPLOTLIB
 def test_a_figure_without_its_runs_is_skipped_in_one_line_and_png_on_request(demo, tmp_path,
                                                                              capsys):
     out = tmp_path / 'png'
@@ -247,6 +258,7 @@ def test_a_figure_without_its_runs_is_skipped_in_one_line_and_png_on_request(dem
         'lambda: skipped, needs runs that mixed (--mix lhmix or mixup, past --warmup-epochs)')
 
 
+@MATPLOTLIB
 def test_bad_input_named_in_one_line_before_anything_is_written(demo, tmp_path, monkeypatch):
     out, run = tmp_path / 'out', str(demo / 'lhmix-s0')
     assert error_of(lambda: plot.main([str(demo / 'lhmix-s0' / 'best'), '--out', str(out)])
@@ -267,7 +279,11 @@ def test_bad_input_named_in_one_line_before_anything_is_written(demo, tmp_path, 
     assert error_of(lambda: plot.main([run, '--out', str(out)])) == (
         f'error: --out {out}/lambda.svg: exists and is not an earlier figure (remove it or '
         'choose another --out)')
-    monkeypatch.setitem(sys.modules, 'matplotlib', None)  # as if it were not installed
-    assert error_of(lambda: plot.main([run, '--out', str(out)])) == (
-        'error: tools/plot.py needs matplotlib: pip install matplotlib')
     assert tree_state(tmp_path) == before
+
+
+def test_without_matplotlib_one_line_says_how_to_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, 'matplotlib', None)  # as if it were not installed
+    assert error_of(lambda: plot.main([str(tmp_path), '--out', str(tmp_path / 'out')])) == (
+        'error: tools/plot.py needs matplotlib: pip install matplotlib')
+    assert os.listdir(tmp_path) == []
