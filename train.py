@@ -191,8 +191,8 @@ def make_optimizer(model, lr, capturable, state=None):
     # small gradients do not round to 0; the scale starts afresh at --resume.
     scaler = torch.amp.GradScaler(enabled=cuda and not torch.cuda.is_bf16_supported())
     # Every gradient is allocated here, once, and zeroed in place by every step: a CUDA graph
-    # then writes the same memory at every replay, and each graph, eager step alike, updates a
-    # weight that its batch leaves unused as one with gradient 0, even if no batch used it yet.
+    # then writes the same memory at every replay, and every step, graphed or eager, updates a
+    # weight that its batch leaves unused as one with gradient 0, even one no batch used yet.
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     return opt, scaler
