@@ -9,15 +9,20 @@ Mixup partners, prediction, CUDA graphs), and ZMLCE fused into one Triton kernel
 The API, in that order:
 
     Hierarchy(parents, names)     the label tree (Sec. 3.1); label ids are the order of `parents`
+    template(num_depths, ...)     the hierarchical prompt's ids, [CLS] [D1] [P] ... [SEP] (Sec. 3.2)
     LHMix(mlm, hierarchy, ...)    the prompt-tuned masked LM; model(**batch) -> (loss, lambda)
     build_model(mlm, tokenizer, hierarchy, arch)   a fresh LHMix, labels started from their names
     zmlce(scores, targets, valid)                  Eq. 2, a multi-label loss
+    local_hierarchy_ids(model, label_ids, name_ids)   a local hierarchy's sequence (Sec. 4.1)
     local_hierarchy_table(model, tokenizer, label_sets)   each local hierarchy encoded (Sec. 4.1)
+    use_local_hierarchies(model, table, alpha, beta)   the model mixes by LH-Mix from then on
     hierarchy_similarity(h_i, h_j), mixup_ratio(s, alpha, beta), mix_hidden(h_i, h_j, lam)
                                   Eqs. 3, 4 and 5
+    vanilla_mixup_ratio(rng, a, n)                 Table 3's + Mixup: folded Beta(a, a) ratios
     training_loss(model, **batch)                  Eqs. 2-7, what model(**batch) computes
     tokenize(tokenizer, texts, max_text_len)       texts as word-pieces, cut to fit
     make_batch(model, token_ids, labels, ...)      a batch that model(**batch) takes
+    mask_tokens(input_ids, ...)                    BERT's masking for HPT's MLM term
     train_batches(lengths, batch_size, rng, mixing)   an epoch's batches and Mixup partners
     to_device(batch, device)                       a batch moved without a host sync
     score_documents(model, token_ids)              label scores; a label is predicted at > 0
@@ -37,10 +42,11 @@ try:
 except ImportError:  # Without Triton, ZMLCE runs as plain torch operations everywhere.
     triton = None
 
-__all__ = ['Hierarchy', 'LHMix', 'build_model', 'zmlce', 'local_hierarchy_table',
-           'hierarchy_similarity', 'mixup_ratio', 'mix_hidden', 'training_loss', 'tokenize',
-           'make_batch', 'train_batches', 'to_device', 'score_documents', 'autocast',
-           'cuda_graphs_unavailable', 'CUDAGraphs']
+__all__ = ['Hierarchy', 'template', 'LHMix', 'build_model', 'zmlce', 'local_hierarchy_ids',
+           'local_hierarchy_table', 'use_local_hierarchies', 'hierarchy_similarity',
+           'mixup_ratio', 'mix_hidden', 'vanilla_mixup_ratio', 'training_loss', 'tokenize',
+           'make_batch', 'mask_tokens', 'train_batches', 'to_device', 'score_documents',
+           'autocast', 'cuda_graphs_unavailable', 'CUDAGraphs']
 
 
 # Sec. 3: the label tree, the hierarchical prompt, the verbalizer (Eq. 1) and ZMLCE (Eq. 2)
@@ -128,14 +134,9 @@ class LHMix(nn.Module):
         if not 0 < self.text_budget(max_length) or max_length > positions:
             raise ValueError(f'max_length {max_length} leaves {self.text_budget(max_length)} text '
                              f'tokens (at most {positions} positions)')
-        # LH-Mix's table of encoded local hierarchies (Sec. 4.1), set by use_local_hierarchies.
+        # LH-Mix's table of encoded local hierarchies (Sec. 4.1), set by use_local_hierarchies().
         self.register_buffer('local_hierarchies', None, persistent=False)
         self.alpha = self.beta = None
-
-    def use_local_hierarchies(self, table, alpha, beta):
-        """Mix by LH-Mix: a batch's `hierarchy_ids` index `table` (local_hierarchy_table's, on
-        the model's device), and Eqs. 3-4 with alpha and beta give each pair's ratio."""
-        self.local_hierarchies, self.alpha, self.beta = table, alpha, beta
 
     def name_ids(self, tokenizer):
         """Each label name's word-pieces; a name that has none is [UNK]."""
@@ -257,7 +258,7 @@ def local_hierarchy_ids(model, label_ids, name_ids):
 
 @torch.no_grad()
 def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
-    """(table, ids): the [CLS] state (U, H), on the model's device, of each distinct local
+    """Return (table, ids): the [CLS] state (U, H), on the model's device, of each distinct local
     hierarchy, and each label set's row in it (N,), on the CPU. Call it before training: the
     encoder that computes similarities stays as it was (Sec. 4.1). Each set is closed upward
     first (Hierarchy.closure), as a local hierarchy holds whole paths."""
@@ -277,6 +278,14 @@ def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
     return torch.cat(out), torch.tensor([index[k] for k in keys])
 
 
+def use_local_hierarchies(model, table, alpha, beta):
+    """Makes `model` mix by LH-Mix: a batch's `hierarchy_ids` index `table`, from
+    local_hierarchy_table (moved to the model's device here), and Eqs. 3-4 with alpha and beta
+    give each pair's ratio."""
+    model.local_hierarchies = table.to(next(model.parameters()).device)
+    model.alpha, model.beta = alpha, beta
+
+
 def hierarchy_similarity(h_i, h_j):
     """Eq. 3's s of two local hierarchies' [CLS] states, clamped to [0, 1], because rounding can
     put s a little below 0, where Eq. 4's s^alpha is NaN."""
@@ -288,6 +297,14 @@ def mixup_ratio(s, alpha, beta):
     """Eq. 4: similar local hierarchies mix more (lambda near 0.5), dissimilar ones less (near
     beta). alpha > 0 and beta in (0.5, 1]; beta 0.5, the authors' default, gives 0.5 always."""
     return -(beta - 0.5) * s ** alpha + beta  # Eq. 4
+
+
+def vanilla_mixup_ratio(rng, a, n):
+    """Table 3's + Mixup: n ratios from Beta(a, a), one per document (Zhang et al.'s Mixup draws
+    one per batch), each folded to max(lambda, 1 - lambda) as the authors' code folds its draw, so
+    that it lies in [0.5, 1] with Eq. 4's lambda. `rng` is a numpy Generator."""
+    lam = rng.beta(a, a, n)
+    return torch.from_numpy(np.maximum(lam, 1 - lam)).float()
 
 
 def pair_ratios(hier, partner, alpha, beta):
@@ -305,13 +322,17 @@ def mix_hidden(h_i, h_j, lam):
 def training_loss(model, input_ids, starts, targets, attention_mask=None, position_ids=None,
                   offsets=None, partner=None, lam=None, hierarchy_ids=None, mlm_pos=None,
                   mlm_labels=None):
-    """(loss, lambda or None) of a batch from make_batch. Each document mixes with the one at
-    `partner` by the ratio `lam` (vanilla Mixup) or by LH-Mix's ratio from its local hierarchy,
-    `hierarchy_ids`. The loss is summed over the depths and averaged over the documents (the
-    authors' code sums over all labels), plus HPT's MLM term when any text is masked."""
+    """Return (loss, lambda or None) of a batch from make_batch. Each document mixes with the one
+    at `partner` by the ratio `lam` (vanilla Mixup) or by LH-Mix's ratio from its local
+    hierarchy, `hierarchy_ids`. The loss is summed over the depths (the paper does not say how
+    they combine; the authors' code takes one ZMLCE over all labels) and averaged over the
+    documents, plus HPT's MLM term when any text is masked."""
+    if partner is not None and lam is None and hierarchy_ids is None:
+        raise ValueError('a batch with `partner` mixes by a ratio: give `lam` (vanilla Mixup) or '
+                         '`hierarchy_ids` (LH-Mix)')
     if hierarchy_ids is not None and model.local_hierarchies is None:
         raise ValueError('hierarchy_ids needs the local hierarchies: call '
-                         'model.use_local_hierarchies(table, alpha, beta) first')
+                         'lhmix.use_local_hierarchies(model, table, alpha, beta) first')
     hidden = model.encode(input_ids, attention_mask, position_ids, offsets)
     h = model.slots(hidden, starts)
     if hierarchy_ids is not None:
@@ -352,7 +373,7 @@ def adapt_encoder(mlm, vocab_size):
 
 
 def tokenize(tokenizer, texts, max_text_len):
-    """(each text's word-pieces, its first max_text_len kept; how many texts were cut)."""
+    """Return (each text's word-pieces, its first max_text_len kept; how many texts were cut)."""
     texts = list(texts)  # A tokenizer refuses an empty list, so none is passed to it.
     ids = tokenizer(texts, add_special_tokens=False, verbose=False)['input_ids'] if texts else []
     return ([np.asarray(t[:max_text_len], dtype=np.int64) for t in ids],
@@ -412,42 +433,44 @@ def make_batch(model, token_ids, labels, rng=None, mlm_rate=0.0, for_cuda_graphs
                pack=False):
     """`prompt text [SEP]` for each document, laid out (see layout) in rows padded to a multiple
     of 16 on a GPU (tensor cores), 8 on a CPU, and `targets` (B, V): each label set closed upward
-    (Hierarchy.closure), so leaves alone will do. With mlm_rate, BERT's masking of the text for
-    HPT's MLM term, drawn from `rng`: that share of word-pieces chosen, of them 80% [MASK], 10%
-    another word-piece of the batch, 10% kept. Everything is made on the CPU: no step syncs.
-    `for_cuda_graphs` pads the masked positions to a count per shape, so few graphs are captured."""
+    (Hierarchy.closure), so leaves alone will do. With mlm_rate, the text is masked for HPT's MLM
+    term (mask_tokens, drawing from `rng`); `for_cuda_graphs` pads its positions (graph_padded).
+    Everything is made on the CPU: no step syncs."""
     if mlm_rate > 0 and rng is None:
         raise ValueError('make_batch: mlm_rate > 0 draws masks from rng: pass '
                          'rng=numpy.random.default_rng(seed)')
     multiple = 16 if next(model.parameters()).is_cuda else 8
-    prefix, hierarchy = model.prefix, model.hierarchy
-    seqs = [np.concatenate([prefix, t, [model.special['sep']]]) for t in token_ids]
+    seqs = [np.concatenate([model.prefix, t, [model.special['sep']]]) for t in token_ids]
     batch = layout(seqs, model.special['pad'], multiple, pack)
-    batch['targets'] = torch.zeros(len(token_ids), len(hierarchy), dtype=torch.bool)
+    batch['targets'] = torch.zeros(len(token_ids), len(model.hierarchy), dtype=torch.bool)
     for b, ls in enumerate(labels):
-        batch['targets'][b, hierarchy.closure(ls)] = True
+        batch['targets'][b, model.hierarchy.closure(ls)] = True
     if mlm_rate > 0:
-        ids, starts = batch['input_ids'], batch['starts'].numpy()
-        pos = torch.from_numpy(np.concatenate([starts[b] + len(prefix) + np.flatnonzero(
-            rng.random(len(t)) < mlm_rate) for b, t in enumerate(token_ids)]))
-        flat = ids.view(-1)
-        gold = flat[pos].clone()
-        r = torch.from_numpy(rng.random(len(pos)))
-        flat[pos[r < 0.8]] = model.special['mask']
-        rand = pos[(r >= 0.8) & (r < 0.9)]
-        words = np.concatenate(token_ids)
-        flat[rand] = torch.from_numpy(words[rng.integers(0, len(words), len(rand))])
+        texts = batch['starts'].numpy() + len(model.prefix)
+        pos, gold = mask_tokens(batch['input_ids'], texts, token_ids, rng, mlm_rate,
+                              model.special['mask'])
         if len(pos):  # A batch with nothing masked has no MLM term.
             if for_cuda_graphs:
-                # A count per shape: the mean + 8 sd of the masked positions' count, in 64s,
-                # filled with label -100, which cross-entropy ignores.
-                n, q = ids.numel(), mlm_rate
-                cap = int(-(-(q * n + 8 * math.sqrt(n * q * (1 - q)) + 1) // 64) * 64)
-                cap *= -(-len(pos) // cap)
-                pos = F.pad(pos, (0, cap - len(pos)))
-                gold = F.pad(gold, (0, cap - len(gold)), value=-100)
+                pos, gold = graph_padded(pos, gold, batch['input_ids'].numel(), mlm_rate)
             batch['mlm_pos'], batch['mlm_labels'] = pos, gold
     return batch
+
+
+def mask_tokens(input_ids, text_starts, token_ids, rng, rate, mask_id):
+    """BERT's masking, which HPT's MLM term trains on, done in place on `input_ids`: each text
+    word-piece (the texts `token_ids` begin at the flat positions `text_starts`) is chosen with
+    probability `rate`; of those, 80% become [MASK], 10% another word-piece of the batch's texts,
+    10% stay. Returns the chosen flat positions and their original ids."""
+    pos = torch.from_numpy(np.concatenate([start + np.flatnonzero(rng.random(len(t)) < rate)
+                                           for start, t in zip(text_starts, token_ids)]))
+    flat = input_ids.view(-1)
+    gold = flat[pos].clone()
+    r = torch.from_numpy(rng.random(len(pos)))
+    flat[pos[r < 0.8]] = mask_id
+    rand = pos[(r >= 0.8) & (r < 0.9)]
+    words = np.concatenate(token_ids)
+    flat[rand] = torch.from_numpy(words[rng.integers(0, len(words), len(rand))])
+    return pos, gold
 
 
 def to_device(batch, device):
@@ -492,6 +515,15 @@ def cuda_graphs_unavailable(device):
     return None
 
 
+def graph_padded(pos, gold, cells, rate):
+    """The masked positions and their ids padded for CUDA graphs, which need a fixed count per
+    batch shape: the mean + 8 sd of the count of `cells` positions masked at `rate`, in 64s, the
+    padding labelled -100, which cross-entropy ignores."""
+    cap = int(-(-(rate * cells + 8 * math.sqrt(cells * rate * (1 - rate)) + 1) // 64) * 64)
+    cap *= -(-len(pos) // cap)
+    return F.pad(pos, (0, cap - len(pos))), F.pad(gold, (0, cap - len(gold)), value=-100)
+
+
 class CUDAGraphs:
     """Calls fn(batch) through CUDA graphs, one captured per set of batch shapes, so that a step
     costs the GPU's kernel time and no Python. A shape's first batch runs fn eagerly, on a side
@@ -523,8 +555,9 @@ class CUDAGraphs:
 @torch.no_grad()
 def score_documents(model, token_ids, batch_size=128):
     """The label scores (N, V) of documents given as word-pieces, in float32 and input order; a
-    label is predicted where its score is above 0."""
-    device = next(model.parameters()).device
+    label is predicted where its score is above 0. The model scores in eval mode (no dropout) and
+    is left in the mode it was in."""
+    device, was_training = next(model.parameters()).device, model.training
     out = torch.zeros(len(token_ids), len(model.hierarchy), device=device)
     model.eval()
     order = np.argsort([len(t) for t in token_ids], kind='stable')  # Similar lengths pad less.
@@ -534,6 +567,7 @@ def score_documents(model, token_ids, batch_size=128):
         with autocast(device):
             scores = model.label_scores(b['input_ids'], b['attention_mask'], b['starts'])
         out[torch.from_numpy(idx).to(device)] = scores  # Written on the GPU: no sync a batch.
+    model.train(was_training)
     return out.cpu().numpy()
 
 

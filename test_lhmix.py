@@ -221,6 +221,21 @@ def test_mixup_ratio_eq4_and_pair_ratios_one_way(alpha, beta):
     np.testing.assert_allclose(lam, expected, atol=1e-6)
 
 
+def test_vanilla_mixup_ratio_folds_a_beta_draw_per_document():
+    """Table 3's + Mixup: each document's ratio is numpy's Beta(a, a) draw, folded by hand to
+    max(lambda, 1 - lambda), in float32, from the generator's stream as it stands."""
+    for a in (1.0, 0.4):
+        rng = np.random.default_rng(11)
+        rng.random(3)  # a stream already in use
+        got = lhmix.vanilla_mixup_ratio(rng, a, 500)
+        draws = np.random.default_rng(11)
+        draws.random(3)
+        want = [x if x >= 0.5 else 1 - x for x in draws.beta(a, a, 500)]
+        assert got.dtype == torch.float32 and got.shape == (500,)
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-7)
+        assert 0.5 <= got.min() and got.max() <= 1 and rng.random() == draws.random()
+
+
 def test_mix_hidden_eq5():
     g = torch.Generator().manual_seed(7)
     h_i, h_j = torch.randn(3, 2, 4, generator=g), torch.randn(3, 2, 4, generator=g)
@@ -426,15 +441,45 @@ def test_the_api_is_listed_in_the_docstring_and_each_name_has_one():
 
 
 def test_misuse_ends_in_one_line_naming_the_fix():
-    """Mixing by local hierarchies before the model has them, and MLM masking without a random
-    generator: each a one-line error that names the call to make."""
+    """Mixing by local hierarchies before the model has them, mixing without a ratio, and MLM
+    masking without a random generator: each a one-line error that names what to give."""
     model, _ = tiny_model(lhmix.Hierarchy(PARENTS))
     docs = [np.array([5, 6, 7]), np.array([8])]
     b = lhmix.make_batch(model, docs, [[0], [1]])
-    assert 'model.use_local_hierarchies(table, alpha, beta) first' in error(
+    assert 'call lhmix.use_local_hierarchies(model, table, alpha, beta) first' in error(
         lambda: model(**b, partner=torch.tensor([1, 0]), hierarchy_ids=torch.tensor([0, 1])))
+    assert error(lambda: model(**b, partner=torch.tensor([1, 0]))) == (
+        'a batch with `partner` mixes by a ratio: give `lam` (vanilla Mixup) or `hierarchy_ids` '
+        '(LH-Mix)')
     assert 'rng=numpy.random.default_rng(seed)' in error(
         lambda: lhmix.make_batch(model, docs, [[0], [1]], mlm_rate=0.15))
+
+
+def test_scoring_leaves_the_model_in_its_mode_so_the_next_step_uses_dropout():
+    """A training loop scores dev documents between steps: after a step and score_documents,
+    the model is still training, so the next step's loss is the one with dropout (the same
+    dropout masks, drawn after the same seed), not the clean one; a model in eval mode stays."""
+    torch.manual_seed(0)
+    model, tok = tiny_model(lhmix.Hierarchy(PARENTS))
+    toks, _ = lhmix.tokenize(tok, TEXTS, 50)
+    b = lhmix.make_batch(model, toks, [[0, 2], [0, 3], [1, 4]])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model.train()
+    model(**b)[0].backward()
+    opt.step()
+    with torch.no_grad():
+        model.eval()
+        clean = model(**b)[0].item()
+        model.train()
+        torch.manual_seed(1)
+        dropped = model(**b)[0].item()
+        lhmix.score_documents(model, toks)
+        assert model.training
+        torch.manual_seed(1)
+        assert model(**b)[0].item() == dropped and abs(dropped - clean) > 1e-3
+        model.eval()
+        lhmix.score_documents(model, toks)
+        assert not model.training
 
 
 def test_mlm_term_is_the_cross_entropy_of_the_mlm_head_at_the_masked_positions(tiny):
@@ -509,7 +554,7 @@ def test_one_packed_row_gives_the_loss_and_gradients_of_one_document_a_row(arch,
     partner = torch.tensor([3, 0, 6, 1, 2, 5, 4])
     mixing = {'partner': partner, 'lam': torch.tensor([0.9, 0.5, 0.7, 0.6, 1.0, 0.55, 0.8])}
     if mix == 'lhmix':  # Eqs. 3-4 from the model's table, as train.py's step
-        model.use_local_hierarchies(torch.randn(7, 16, device=dev), 1.0, 0.75)
+        lhmix.use_local_hierarchies(model, torch.randn(7, 16), 1.0, 0.75)
         mixing = {'partner': partner, 'hierarchy_ids': torch.arange(7)}
     out = []
     for pack in (False, True):

@@ -66,7 +66,7 @@ def make_model():
     model = lhmix.LHMix(mlm, lhmix.Hierarchy(PARENTS), 'prompt', vocab,
                         {'pad': 0, 'cls': 2, 'sep': 3, 'mask': 4}).to(device)
     d, _ = train.parse(['--data', 'wos'])  # LH-Mix at train.py's defaults
-    model.use_local_hierarchies(table, d.alpha, d.beta)
+    lhmix.use_local_hierarchies(model, table, d.alpha, d.beta)
     return model
 
 
@@ -134,7 +134,7 @@ if args.epoch:  # Mixup from the first epoch, which captures most graphs
                             '--device', str(device)])
     step = make_step(model, not why_not)
     run = SimpleNamespace(args=targs, model=model, tokens={'train': docs}, gold={'train': labels},
-                          saved_tensors={'hierarchy_ids': torch.arange(len(docs)) % 64})
+                          extra={'hierarchy_ids': torch.arange(len(docs)) % 64})
     for epoch in (0, 1):
         t0 = time.perf_counter()
         train.train_epoch(run, step, epoch, tqdm(disable=True))
