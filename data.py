@@ -1,5 +1,5 @@
 """The data sets (WOS as HPT builds it, HiAGM/HPT folders such as NYT and RCV1-V2, a demo), the
-pretrained model a run starts from, files read and written whole."""
+pretrained model that a run starts from, and files read and written whole."""
 import io
 import json
 import math
@@ -19,17 +19,17 @@ from lhmix import Hierarchy
 
 
 def read_lines(path):
-    """[(line number, line)] of a UTF-8 file (`-`: stdin), as open() splits it."""
+    """Return [(line number, line)] of a UTF-8 file (`-`: stdin), as open() splits it."""
     try:
         with open(sys.stdin.fileno() if path == '-' else path, encoding='utf-8-sig',
                   closefd=path != '-') as f:
             return [(n, line.rstrip('\n')) for n, line in enumerate(f, 1)]
-    except UnicodeDecodeError as e:  # Python's own names no file
+    except UnicodeDecodeError as e:  # Python's own message names no file.
         raise ValueError(f'{path}: not UTF-8 text ({e.reason})') from None
 
 
 def temporary(path):
-    """write_whole's temporary file for `path`: .NAME.tmp beside it."""
+    """Return the temporary file of write_whole for `path`: .NAME.tmp beside it."""
     folder, name = os.path.split(path)
     return os.path.join(folder, f'.{name}.tmp')
 
@@ -40,26 +40,27 @@ def write_whole(path, text):
     folder, tmp = os.path.dirname(os.path.abspath(path)), temporary(path)
     try:
         os.makedirs(folder, exist_ok=True)
-        with open(tmp, 'wb') as f:  # plain open(): the umask's modes
+        with open(tmp, 'wb') as f:  # A plain open(), so that the file has the umask's modes.
             f.write(text if isinstance(text, bytes) else text.encode('utf-8'))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        fd = os.open(folder, os.O_RDONLY)  # the rename itself, on disk
+        fd = os.open(folder, os.O_RDONLY)  # The folder is synced so that the rename is on disk.
         os.fsync(fd)
         os.close(fd)
     except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)
-        if isinstance(e, OSError) and not e.filename:  # fsync's, on a full disk
+        if isinstance(e, OSError) and not e.filename:  # fsync's error names no file.
             e.filename = path
         raise
 
 
 # WOS-46985, as HPT's preprocess_wos.py and data_wos.py build it
 
-WOS_FILE = 'c9ea673d-5542-44c0-ab7b-f1311f7d61df'  # WebOfScience.zip, Mendeley Data 9rw3vkcfy4 v6
-# the first is what code fetches since 2025; the second, Hugging Face's in 2021
+# WebOfScience.zip, Mendeley Data 9rw3vkcfy4 v6. The first address is what code fetches since
+# 2025; the second is the one Hugging Face's loader used in 2021.
+WOS_FILE = 'c9ea673d-5542-44c0-ab7b-f1311f7d61df'
 WOS_URLS = (f'https://data.mendeley.com/public-files/datasets/9rw3vkcfy4/files/{WOS_FILE}/'
             'file_downloaded', f'https://data.mendeley.com/datasets/9rw3vkcfy4/6/files/{WOS_FILE}/'
             'WebOfScience.zip?dl=1')
@@ -70,13 +71,14 @@ def clean_str(text):
     """HPT's clean_str. Punctuation and stop words stay (HPT commented out HiAGM's removal)."""
     s = text.strip().strip('"')
     for c in ("'s", "'ve", "n't", "'re", "'d", "'ll"):
-        s = s.replace(c, ' ' + c)  # HPT's re.sub(r"\'s", " \'s", ...): a plain replacement
+        s = s.replace(c, ' ' + c)  # HPT's re.sub(r"\'s", " \'s", ...) is a plain replacement.
     return re.sub(r'\s{2,}', ' ', s).strip().lower()
 
 
 def wos_split(n):
-    """HPT's split: np.random.seed(7) shuffle, then twice sklearn's train_test_split(test_size=0.2,
-    random_state=0): RandomState(0).permutation, test its first ceil(0.2 n)."""
+    """Return HPT's split: np.random.seed(7) shuffle, then twice sklearn's
+    train_test_split(test_size=0.2, random_state=0), which takes RandomState(0).permutation and
+    tests its first ceil(0.2 n)."""
     ids = np.arange(n)
     np.random.RandomState(7).shuffle(ids)
 
@@ -91,13 +93,14 @@ def wos_split(n):
 
 
 def hpt_areas(rows):
-    """Each row's area as preprocess_wos.py names it: the first name seen under the row's code
-    Y1-Y2 that is more frequent in its domain in the file (HPT hard-codes `stats`), else its own."""
+    """Return each row's area as preprocess_wos.py names it: the first name seen under the row's
+    code Y1-Y2 that is more frequent in its domain in the file (HPT hard-codes `stats`), else its
+    own."""
     count = Counter((r[3].strip(), r[4].strip()) for r in rows)
     seen, out = {}, []
     for r in rows:
         domain, area = r[3].strip(), r[4].strip()
-        names = seen.setdefault(r[0] + '-' + r[1], [])  # the raw strings, as HPT
+        names = seen.setdefault(r[0] + '-' + r[1], [])  # The raw strings, as HPT keys them.
         if area not in names:
             names.append(area)
         out.append(next((a for a in names if count[domain, a] > count[domain, area]), area))
@@ -105,7 +108,7 @@ def hpt_areas(rows):
 
 
 def _xlsx_rows(data):
-    """Rows of the first sheet of an .xlsx file (bytes)."""
+    """Yield the rows of the first sheet of an .xlsx file (bytes)."""
     ns = '{http://schemas.openxmlformats.org/spreadsheetml/2006/main}'
     with zipfile.ZipFile(io.BytesIO(data)) as z:
         names = z.namelist()
@@ -118,7 +121,7 @@ def _xlsx_rows(data):
                 continue
             cells = {}
             for c in row.iter(ns + 'c'):
-                col = 0  # the letters of its reference (r="AB12"), in base 26
+                col = 0  # The letters of its reference (r="AB12") are a number in base 26.
                 for ch in re.match(r'[A-Z]+', c.get('r')).group():
                     col = 26 * col + ord(ch) - 64
                 kind, v = c.get('t'), c.find(ns + 'v')
@@ -132,7 +135,7 @@ def _xlsx_rows(data):
 
 
 def _data_xlsx(archive):
-    """(name, bytes) of Meta-data/Data.xlsx in the zip `archive` (bytes), or None."""
+    """Return (name, bytes) of Meta-data/Data.xlsx in the zip `archive` (bytes), or None."""
     try:
         with zipfile.ZipFile(io.BytesIO(archive)) as z:
             name = next((n for n in z.namelist() if n.endswith('Meta-data/Data.xlsx')), None)
@@ -142,8 +145,8 @@ def _data_xlsx(archive):
 
 
 def _download_wos(path):
-    """From the first of WOS_URLS that gives the zip (to a script's User-Agent Mendeley answers
-    with a sign-in page)."""
+    """Downloads WOS to `path` from the first of WOS_URLS that gives the zip. It asks as a
+    browser, because Mendeley answers a script's User-Agent with a sign-in page."""
     import http.client
     import urllib.request
     failed = []
@@ -165,9 +168,9 @@ def _download_wos(path):
 
 
 def load_wos(folder):
-    """WOS-46985 as HPT builds it, from Data.txt, Data.xlsx or WebOfScience.zip (downloaded if
-    none is there): clean_str(Abstract), labels Domain -> area, numbered as data_wos.py does
-    (domains, then areas, by first appearance)."""
+    """Return WOS-46985 as HPT builds it, from Data.txt, Data.xlsx or WebOfScience.zip
+    (downloaded if none is there): clean_str(Abstract), labels Domain -> area, numbered as
+    data_wos.py does (domains, then areas, by first appearance)."""
     txt, xlsx, archive = (os.path.join(folder, f) for f in
                           ('Data.txt', 'Data.xlsx', 'WebOfScience.zip'))
     if os.path.exists(txt):
@@ -199,8 +202,8 @@ def load_wos(folder):
     domains = list(dict.fromkeys(d for d, _ in pairs))
     areas = list(dict.fromkeys(pairs))
     owners = Counter(a for _, a in areas)
-    # data_wos.py keys labels by name: an area named as another domain's area, or as a domain,
-    # keeps its domain in its key (the full WOS file has none)
+    # data_wos.py keys labels by name, so an area named as another domain's area, or as a domain,
+    # keeps its domain in its key here (the full WOS file has none).
     key = {(d, a): a if owners[a] == 1 and a not in domains else f'{a} ({d})' for d, a in areas}
     h = Hierarchy({**dict.fromkeys(domains), **{key[p]: p[0] for p in areas}},
                   {**{d: d for d in domains}, **{key[p]: p[1] for p in areas}})
@@ -211,7 +214,8 @@ def load_wos(folder):
 # HiAGM/HPT-format folders
 
 def read_taxonomy(path):
-    """({label: parent}, {label: its line}) of HiAGM's lines `parent<TAB>child<TAB>child...`."""
+    """Return ({label: parent}, {label: its line}) of HiAGM's lines
+    `parent<TAB>child<TAB>child...`."""
     parents, lines = {}, {}
     for n, line in read_lines(path):
         cells = [c.strip() for c in line.split('\t') if c.strip()]
@@ -228,15 +232,17 @@ def read_taxonomy(path):
 
 
 def load_hiagm(folder):
-    """HiAGM's format: *_train.json, *_dev.json (or *_val.json), *_test.json (a JSON object a line),
-    one *.taxonomy (HPT's WOS: wos.taxnomy), label_names.tsv if any; labels by name or, as HPT's
-    data_*.py write them, by id with value_dict.pt. Closed upward."""
+    """Return the data set of a folder in HiAGM's format: *_train.json, *_dev.json (or
+    *_val.json), *_test.json (a JSON object a line), one *.taxonomy (HPT's WOS: wos.taxnomy),
+    label_names.tsv if any; labels by name or, as HPT's data_*.py write them, by id with
+    value_dict.pt. Label sets are closed upward."""
     files = sorted(os.listdir(folder))
     own = os.path.basename(os.path.normpath(folder)) + '_'
 
     def one(suffixes, what):
         found = [f for f in files if f.endswith(suffixes)]
-        # HPT's WOS folder also holds preprocess_wos.py's wos_*.json; HPT reads {folder}_*.json
+        # HPT's WOS folder also holds preprocess_wos.py's wos_*.json, and HPT reads
+        # {folder}_*.json, so files named for the folder come first.
         found = [f for f in found if f.startswith(own)] or found
         if len(found) != 1:
             raise ValueError(f'{folder!r}: expected one {what} file, found {found or "none"}')
@@ -276,19 +282,21 @@ def load_hiagm(folder):
             raise ValueError(f'{path}: no document has a label (the {split} split)')
     label_of = resolve_ids(value_dict, parents, [labels for docs in raw.values()
                                                  for _, labels in docs], ids_file, taxonomy)
-    # the verbalizer's names: HPT's ('HIV/AIDS' whole), RCV1's descriptions, label_names.tsv
+    # The verbalizer's names are HPT's ('HIV/AIDS' whole), RCV1's descriptions, or those of
+    # label_names.tsv, which win.
     h = Hierarchy(parents, {**{label_of[i]: value_dict[i] for i in label_of},
                             **label_names(folder, parents)}, lines)
     return h, {s: [(text, h.closure(h.index[label_of.get(v, v)] for v in labels))
                    for text, labels in docs] for s, docs in raw.items()}
 
 
-RCV1_TOPICS = 'rcv1.topics.hier.orig'  # RCV1-v2's appendix: each topic code's description
+RCV1_TOPICS = 'rcv1.topics.hier.orig'  # From RCV1-v2's appendix: each topic's description.
 
 
 def label_names(folder, parents):
-    """{label: name} from RCV1_TOPICS (its descriptions, lower-cased here; the authors' code looks
-    them up by the lower-cased code) and from label_names.tsv (code<TAB>name), which wins."""
+    """Return {label: name} from RCV1_TOPICS (its descriptions, lower-cased here; the authors'
+    code looks them up by the lower-cased code) and from label_names.tsv (code<TAB>name), which
+    wins."""
     names, code = {}, {v.lower(): v for v in parents}
     topics, tsv = os.path.join(folder, RCV1_TOPICS), os.path.join(folder, 'label_names.tsv')
     for n, line in read_lines(topics) if os.path.exists(topics) else []:
@@ -309,10 +317,10 @@ def label_names(folder, parents):
 
 
 def _load_value_dict(path):
-    with open(path, 'rb') as f:  # an unreadable file is Python's own error
+    with open(path, 'rb') as f:  # An unreadable file gets Python's own error.
         try:
             d = torch.load(f, weights_only=True)
-        except Exception:  # torch raises many kinds for a file not its own
+        except Exception:  # Torch raises many kinds of error for a file not its own.
             d = None
     if not isinstance(d, dict) or not all(type(k) is int and isinstance(v, str)
                                           for k, v in d.items()):
@@ -322,9 +330,9 @@ def _load_value_dict(path):
 
 
 def resolve_ids(value_dict, parents, doc_labels, ids_file, taxonomy):
-    """The taxonomy label of each id in `doc_labels`. HPT's value_dict names the labels (WOS, RCV1)
-    or their last part (NYT: 'Top/News/World' -> 'World'); a shared one is told apart by the
-    parent, since HPT labels a NYT document with every prefix of its path."""
+    """Return the taxonomy label of each id in `doc_labels`. HPT's value_dict names the labels
+    (WOS, RCV1) or their last part (NYT: 'Top/News/World' -> 'World'); a shared one is told apart
+    by the parent, since HPT labels a NYT document with every prefix of its path."""
     def last(v):
         return value_dict[v] if type(v) is int else v.rsplit('/', 1)[-1]
     out = {}
@@ -350,12 +358,12 @@ def resolve_ids(value_dict, parents, doc_labels, ids_file, taxonomy):
 DEMO = '''science/physics/quantum science/physics/optics science/biology/genetics
 science/biology/ecology science/chemistry sports/football sports/tennis sports/cycling
 arts/music/jazz arts/music/opera arts/painting arts/cinema business/finance/banking
-business/finance/markets business/retail'''  # the path of each leaf
+business/finance/markets business/retail'''  # The path of each leaf.
 
 
 def load_demo(seed=0, sizes=(1200, 300, 300)):
-    """Documents of words from their topics' lists and a shared background; one in five has two
-    paths."""
+    """Return the demo's tree and splits: documents of words from their topics' lists and a
+    shared background; one in five has two paths."""
     leaves = [path.split('/') for path in DEMO.split()]
     parents = {}
     for path in leaves:
@@ -367,7 +375,7 @@ def load_demo(seed=0, sizes=(1200, 300, 300)):
 
     def doc():
         chosen = [leaves[rng.integers(len(leaves))]]
-        if rng.random() < 0.2:  # and a leaf under another top-level topic
+        if rng.random() < 0.2:  # One in five also gets a leaf under another top-level topic.
             other = [p for p in leaves if p[0] != chosen[0][0]]
             chosen.append(other[rng.integers(len(other))])
         labels = h.closure(h.index[p[-1]] for p in chosen)
@@ -380,8 +388,8 @@ def load_demo(seed=0, sizes=(1200, 300, 300)):
 
 
 def load_data(name, data_dir=None):
-    """'wos', 'nyt', 'rcv1', 'demo', or a HiAGM folder -> (Hierarchy, {split: [(text, label ids)]}).
-    Empty texts and unlabelled documents are kept, and counted on stderr."""
+    """Return (Hierarchy, {split: [(text, label ids)]}) of 'wos', 'nyt', 'rcv1', 'demo', or a
+    HiAGM folder. Empty texts and unlabelled documents are kept, and counted on stderr."""
     if name == 'demo':
         if data_dir:
             raise ValueError(f'--data-dir {data_dir}: --data demo is built in and reads no folder')
@@ -400,38 +408,38 @@ def load_data(name, data_dir=None):
     return hierarchy, splits
 
 
-# The pretrained model a run starts from
+# The pretrained model that a run starts from
 
 def tiny_bert(texts, max_words=8000):
-    """A 2-layer, 128-wide BERT with the words of `texts` as vocabulary (no download)."""
+    """Return a 2-layer, 128-wide BERT with the words of `texts` as vocabulary (no download)."""
     from transformers import AutoModelForMaskedLM, BertConfig, BertTokenizerFast
     counts = Counter(w for t in texts for w in re.findall(r"\w+|[^\w\s]", t.lower()))
     vocab = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] + [
         w for w, _ in counts.most_common(max_words)]
-    with tempfile.TemporaryDirectory() as folder:  # transformers 4 reads a vocabulary file only
+    with tempfile.TemporaryDirectory() as folder:  # transformers 4 reads vocabularies from files.
         path = os.path.join(folder, 'vocab.txt')
         Path(path).write_text('\n'.join(vocab) + '\n', encoding='utf-8')
         tokenizer = BertTokenizerFast(path, do_lower_case=True)
     config = BertConfig(vocab_size=len(vocab), hidden_size=128, num_hidden_layers=2,
                         num_attention_heads=2, intermediate_size=256, max_position_embeddings=512)
-    return AutoModelForMaskedLM.from_config(config), tokenizer  # as runs.load_checkpoint does
+    return AutoModelForMaskedLM.from_config(config), tokenizer  # As runs.load_checkpoint builds it.
 
 
 def load_pretrained(name):
-    """(fp32 masked LM, tokenizer) of a BERT-style model, a local folder or a hub id; refused
-    without all the encoder's weights (random ones would train, silently)."""
+    """Return (fp32 masked LM, tokenizer) of a BERT-style model, a local folder or a hub id. One
+    without all the encoder's weights is refused, since random ones would train, silently."""
     from safetensors import SafetensorError
     from transformers import AutoModelForMaskedLM, AutoTokenizer, logging
-    name, verbosity = os.path.expanduser(name), logging.get_verbosity()  # a hub id has no '~'
+    name, verbosity = os.path.expanduser(name), logging.get_verbosity()  # Hub ids have no '~'.
     if os.path.isdir(name):
-        for f in os.scandir(name):  # safetensors says 'No such file' of one it may not read
+        for f in os.scandir(name):  # safetensors would say 'No such file' of an unreadable one.
             if f.is_file():
                 open(f.path, 'rb').close()
-        files = set(os.listdir(name))  # transformers' message would be of sentencepiece
+        files = set(os.listdir(name))  # transformers' own message would be of sentencepiece.
         if 'config.json' not in files or not files & {'tokenizer.json', 'vocab.txt'}:
             raise ValueError(f'model {name!r}: the folder holds no ' + (
                 'config.json' if 'config.json' not in files else 'tokenizer.json or vocab.txt'))
-    logging.set_verbosity_error()  # its missing-weights report: ours below
+    logging.set_verbosity_error()  # Its report of missing weights is replaced by ours below.
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
         mlm, info = AutoModelForMaskedLM.from_pretrained(name, trust_remote_code=False,
@@ -442,15 +450,16 @@ def load_pretrained(name):
         raise ValueError(f'could not load model {name!r}{hint}: {one_line(e)}') from None
     finally:
         logging.set_verbosity(verbosity)
-    missing = sorted(k for k in info['missing_keys'] if not k.startswith('cls.'))  # the encoder's
+    # The encoder's weights must all be there; the MLM head's may be missing.
+    missing = sorted(k for k in info['missing_keys'] if not k.startswith('cls.'))
     if missing:
         raise ValueError(f'model {name!r}: {len(missing)} encoder weights missing ({missing[0]}, '
                          '...): not a pretrained masked LM (to continue a run: train.py --resume; '
                          'to score a checkpoint: evaluate.py --ckpt)')
-    if info['missing_keys']:  # all-MiniLM-L6-v2, for one
+    if info['missing_keys']:  # all-MiniLM-L6-v2 is one such model.
         print(f'warning: model {name!r} has no MLM-head weights: the head starts random',
               file=sys.stderr)
-    return mlm.float(), tokenizer  # fp32 even from fp16 files; autocast does the rest
+    return mlm.float(), tokenizer  # fp32 even from fp16 files: autocast does the rest.
 
 
 def one_line(e):

@@ -20,17 +20,17 @@ import runs
 
 
 def f1_scores(predictions, gold, num_labels, labels=None):
-    """Micro-F1 over all label decisions, macro-F1 over all labels (one neither predicted nor
-    present scores 0), as HiAGM and the HTC baselines count them, of (N, V) 0/1 arrays or label-id
-    lists; `labels`: a subset."""
-    def matrix(x):  # (N, V) bool
+    """Return micro-F1 over all label decisions and macro-F1 over all labels (one neither
+    predicted nor present scores 0), as HiAGM and the HTC baselines count them, of (N, V) 0/1
+    arrays or label-id lists; `labels` picks a subset of the labels."""
+    def matrix(x):  # Either form as an (N, V) bool array.
         return x.astype(bool) if isinstance(x, np.ndarray) else np.array(
             [np.isin(range(num_labels), list(ls)) for ls in x], bool).reshape(-1, num_labels)
 
     P, G = matrix(predictions), matrix(gold)
     if labels is not None:
         P, G = P[:, labels], G[:, labels]
-    # F1 = 2PR / (P + R) = 2 tp / (predicted + gold)
+    # Per label, F1 = 2PR / (P + R) = 2 tp / (predicted + gold).
     tp, n = 2 * (P & G).sum(0).astype(float), (P.sum(0) + G.sum(0)).astype(float)
     per_label = np.divide(tp, n, out=np.zeros_like(tp), where=n > 0)
     return {'micro_f1': float(tp.sum() / n.sum() if n.sum() else 0),
@@ -38,7 +38,9 @@ def f1_scores(predictions, gold, num_labels, labels=None):
 
 
 def report(pred, gold, hierarchy, train_labels):
-    """Overall, per-depth and label-frequency-quartile F1 (Fig. 7; by train count, rarest first)."""
+    """Return F1 overall, per depth and per label-frequency quartile, for Fig. 7. The paper does
+    not say how it groups frequencies: here labels are split into quartiles by their count of
+    training documents, rarest first."""
     def f1(subset=None, **about):
         return {**about, **f1_scores(pred, gold, len(hierarchy), subset)}
 
@@ -58,16 +60,19 @@ def print_report(name, r):
 
 
 def classify(model, tokenizer, texts):
-    """Per text: the predicted labels (by depth), the predicted names on each path from the root
-    to a predicted leaf, every label's score, whether it was cut; an empty text predicts nothing."""
+    """Return, per text, the predicted labels (by depth), the predicted names on each path from
+    the root to a predicted leaf, every label's score, and whether it was cut. An empty text is
+    not scored: it predicts nothing and has no scores."""
     h, budget = model.hierarchy, model.text_budget(model.max_length)
-    tokens, _ = lhmix.tokenize(tokenizer, list(texts), budget + 1)  # + 1: tells a cut text
+    # One word-piece more than fits tells a text that was cut from one that just fits.
+    tokens, _ = lhmix.tokenize(tokenizer, list(texts), budget + 1)
     keep = [i for i, t in enumerate(texts) if t.strip()]
     scores = lhmix.score_documents(model, [tokens[i][:budget] for i in keep]) if keep else []
     out = [{'labels': [], 'paths': [], 'scores': {}, 'truncated': False} for _ in texts]
     for i, s in zip(keep, scores):
         on = set(np.flatnonzero(s > 0).tolist())
-        leaves = sorted(on - {a for v in on for a in h.path(v)[:-1]})  # no predicted descendant
+        # A path ends at a predicted label with no predicted descendant.
+        leaves = sorted(on - {a for v in on for a in h.path(v)[:-1]})
         out[i] = {'labels': [h.labels[v] for v in sorted(on, key=lambda v: (h.depth[v], v))],
                   'paths': [[h.names[a] for a in h.path(v) if a in on] for v in leaves],
                   'scores': {h.labels[v]: round(float(s[v]), 4) for v in range(len(h))},
@@ -76,7 +81,8 @@ def classify(model, tokenizer, texts):
 
 
 def device(name):
-    """An argparse type: cpu, cuda or cuda:N, checked before anything is computed."""
+    """Return the torch.device of cpu, cuda or cuda:N: an argparse type, so that a device that is
+    not there is refused before anything is computed."""
     cuda = torch.cuda.is_available()
     if not re.fullmatch(r'cpu|cuda(:\d+)?' if cuda else 'cpu', name):
         raise argparse.ArgumentTypeError(f'{name}: only cpu' + (', cuda or cuda:N' if cuda else
@@ -100,7 +106,7 @@ def check_output(path, flag, ckpt, start):
     if why:
         raise ValueError(f'{flag} {path}: {why}')
     if os.path.lexists(path):
-        with open(path, 'rb') as f:  # a folder: the OS says so
+        with open(path, 'rb') as f:  # If it is a folder, the OS says so.
             if f.read(len(start)) != start.encode():
                 raise ValueError(f'{flag} {path}: exists and is not an earlier {flag} file '
                                  '(remove it or choose another name)')

@@ -1,5 +1,5 @@
-"""A train.py run on disk: its folder, held by one train.py at a time, files and checkpoints; and
-the scripts' one error exit."""
+"""A train.py run on disk: its folder, which one train.py at a time holds, its files and
+checkpoints; and the one error exit of the scripts."""
 import contextlib
 import fcntl
 import hashlib
@@ -16,39 +16,45 @@ from safetensors.torch import load_file, save
 from data import one_line, temporary, write_whole
 from lhmix import Hierarchy, LHMix
 
-# A run's figures and checkpoints: best/ (best dev macro-F1), last/ (to resume)
+# A run's figures and its checkpoints: best/ holds the best dev macro-F1's, last/ the one to
+# resume from. A checkpoint's files are written in the order of CHECKPOINT, its weights last.
 METRICS, TEST_METRICS, WEIGHTS = 'metrics.jsonl', 'test_metrics.json', 'model.safetensors'
-CHECKPOINT = ('tokenizer.json', 'tokenizer_config.json', 'config.json', WEIGHTS)  # written so
+CHECKPOINT = ('tokenizer.json', 'tokenizer_config.json', 'config.json', WEIGHTS)
 RUN = (METRICS, TEST_METRICS, *(f'{c}/{f}' for c in ('best', 'last') for f in CHECKPOINT))
 TMP = tuple(temporary(f) for f in RUN)
-OURS = ('best', 'last') + RUN + TMP  # all train.py writes in a run folder
+# An --overwrite writes its first epoch into NEW, which replaces the earlier run once it is whole.
+NEW = '.new'
+OURS = ('best', 'last', NEW) + RUN + TMP  # Everything train.py writes in a run folder.
 
 
 def unwritable(folder):
-    """Why `folder` (made with its parents where missing) cannot be written in, or None."""
+    """Return why `folder` (made with its parents where missing) cannot be written in, or
+    None."""
     up = folder
     while not os.path.exists(up):
-        up = os.path.dirname(up) or '.'  # a relative name's first folder is the working one
+        # The first folder of a relative name is the working one.
+        up = os.path.dirname(up) or '.'
     if not os.path.isdir(up):
         return f'{up} is a file, not a folder'
     return None if os.access(up, os.W_OK | os.X_OK) else f'{up} is not writable'
 
 
-# Checkpoints: a folder of CHECKPOINT, each file replaced whole; model.safetensors, written last,
-# holds the weights, other tensors and JSON metadata (no pickle)
+# Checkpoints: a folder of CHECKPOINT, each file replaced whole. model.safetensors, written last,
+# holds the weights, other tensors and JSON metadata, so that loading one runs no pickle.
 
 def _aliases(model):
-    """Names of tied copies (BERT's decoder weight is its word embeddings): safetensors stores no
-    aliases; config.json ties them again."""
+    """Return the names of tied copies (BERT's decoder weight is its word embeddings), which
+    safetensors cannot store; config.json ties them again."""
     return ({n for n, _ in model.named_parameters(remove_duplicate=False)}
             - {n for n, _ in model.named_parameters()})
 
 
 def save_checkpoint(folder, model, tokenizer, meta, extra=None):
-    """The tokenizer and config.json (once), then model.safetensors: the weights, `extra` tensors
-    as extra.<name>, metadata 'lhmix' (what rebuilds the LHMix, and `meta`)."""
+    """Writes the tokenizer and config.json (once), then model.safetensors: the weights, the
+    `extra` tensors as extra.<name>, and metadata 'lhmix' (what rebuilds the LHMix, and `meta`)."""
     if not os.path.exists(os.path.join(folder, 'config.json')):
-        with tempfile.TemporaryDirectory() as tmp:  # transformers 4 writes more than is needed
+        # A temporary folder takes what transformers writes, since version 4 writes more files.
+        with tempfile.TemporaryDirectory() as tmp:
             tokenizer.save_pretrained(tmp)
             model.mlm.config.save_pretrained(tmp)
             for f in CHECKPOINT[:-1]:
@@ -62,12 +68,13 @@ def save_checkpoint(folder, model, tokenizer, meta, extra=None):
                **{f'extra.{k}': v for k, v in (extra or {}).items()}}
     write_whole(os.path.join(folder, WEIGHTS), save(
         {k: v.detach().cpu().contiguous() for k, v in tensors.items()},
-        {'lhmix': json.dumps(meta), 'format': 'pt'}))  # 'pt': as transformers writes
+        {'lhmix': json.dumps(meta), 'format': 'pt'}))  # transformers writes 'pt' as well
 
 
 def checkpoint_meta(folder):
-    """model.safetensors' metadata, its tensors unread (KeyError if it has none)."""
-    open(os.path.join(folder, WEIGHTS), 'rb').close()  # safetensors: 'No such file' if unreadable
+    """Return the metadata of model.safetensors, its tensors unread (KeyError if it has none)."""
+    # Opened first, because safetensors says 'No such file' of a file it may not read.
+    open(os.path.join(folder, WEIGHTS), 'rb').close()
     with safe_open(os.path.join(folder, WEIGHTS), 'pt') as f:
         return json.loads((f.metadata() or {})['lhmix'])
 
@@ -81,8 +88,9 @@ def check_labels(saved, hierarchy, folder):
 
 
 def load_checkpoint(folder, device='cpu', hierarchy=None):
-    """(model, tokenizer, the metadata with 'extra': the other tensors). With `hierarchy`, the
-    labels must be the data's. Runs no code from the folder (config.json's auto_map is ignored)."""
+    """Return (model, tokenizer, the metadata with 'extra': the other tensors). With `hierarchy`,
+    the labels must be the data's. No code from the folder runs (config.json's auto_map is
+    ignored)."""
     from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
     if os.path.isfile(folder):
         raise ValueError(f'{folder}: a file, not a checkpoint: a checkpoint is a folder holding '
@@ -101,7 +109,7 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
                      if k.startswith('extra.')}
     try:
         h = meta['hierarchy']
-        mlm = AutoModelForMaskedLM.from_config(AutoConfig.from_pretrained(  # SDPA: as trained
+        mlm = AutoModelForMaskedLM.from_config(AutoConfig.from_pretrained(  # SDPA, as trained
             folder, trust_remote_code=False), trust_remote_code=False, attn_implementation='sdpa')
         model = LHMix(mlm, Hierarchy(dict(zip(h['labels'], h['parents'])),
                                      dict(zip(h['labels'], h['names']))),
@@ -110,7 +118,7 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
         raise ValueError(f'{folder}: config.json, tokenizer or metadata unreadable '
                          f'({one_line(e)})') from None
-    # strict, but for the tied copies, which load with the one they are tied to
+    # Loaded strictly, but for the tied copies, which load with the weight they are tied to.
     want = {k: v.shape for k, v in model.state_dict().items() if k not in _aliases(model)}
     bad = sorted(k for k in want.keys() | tensors.keys()
                  if want.get(k) != getattr(tensors.get(k), 'shape', None))
@@ -123,11 +131,12 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
     return model.to(device), tokenizer, meta
 
 
-# The run folder: train.py holds it locked while it runs, writes only OURS there and deletes only
-# those: an earlier run's when --overwrite saves its first epoch, its own if it fails before
+# The run folder: train.py holds it locked while it runs, and writes and deletes only OURS there:
+# an earlier run's files once --overwrite's first epoch is whole in NEW, its own if it fails
+# before its first save.
 
 def digest(hierarchy, splits):
-    """What --resume checks against the run's: the labels and every split's documents."""
+    """Return what --resume checks against the run's: the labels and every split's documents."""
     x = json.dumps([hierarchy.labels, hierarchy.parent, splits]).encode()
     return hashlib.sha256(x).hexdigest()
 
@@ -138,8 +147,33 @@ def delete_run(folder, names=RUN + TMP):
         if os.path.lexists(os.path.join(folder, name)):
             os.remove(os.path.join(folder, name))
     for sub in ('best', 'last'):
-        with contextlib.suppress(OSError):  # the OS removes only an empty folder
+        with contextlib.suppress(OSError):  # The OS removes only an empty folder.
             os.rmdir(os.path.join(folder, sub))
+
+
+def replace_run(folder):
+    """Replaces the run in `folder` by the whole epoch in folder/NEW: the earlier run's test
+    figures go, then best/, metrics.jsonl and last/ are each deleted and NEW's moved into their
+    place. NEW's last/ moves last, because its weights are what mark NEW as whole: after a kill
+    at any instant, settle() finishes the replacement."""
+    new = os.path.join(folder, NEW)
+    delete_run(folder, (TEST_METRICS,) + TMP)
+    for name in ('best', METRICS, 'last'):
+        if os.path.lexists(os.path.join(new, name)):
+            delete_run(folder, [n for n in RUN if n.split('/')[0] == name])
+            os.replace(os.path.join(new, name), os.path.join(folder, name))
+    os.rmdir(new)
+
+
+def settle(folder):
+    """Finishes what an --overwrite left in folder/NEW: a whole epoch (its last/ weights are
+    there) replaces the earlier run; a part of one is deleted, and the earlier run stays."""
+    new = os.path.join(folder, NEW)
+    if os.path.exists(os.path.join(new, 'last', WEIGHTS)):
+        replace_run(folder)
+    elif os.path.isdir(new):
+        delete_run(new)
+        os.rmdir(new)
 
 
 class RunFolder:
@@ -148,7 +182,7 @@ class RunFolder:
 
     def __init__(self, out, resume=False, overwrite=False):
         self.name, self.path = out, os.path.realpath(out)
-        self.saved, self.replacing = True, False  # so far, a failure deletes nothing
+        self.saved, self.replacing = True, False  # So far, a failure deletes nothing.
         if os.path.islink(out) and not os.path.exists(out):
             raise ValueError(f'--out {out}: a symbolic link to nothing ({self.path})')
         # An unwritable folder is refused now, not at the first save, an epoch later.
@@ -156,7 +190,7 @@ class RunFolder:
                if w]
         if why:
             raise ValueError(f'--out {out}: {why[0]}')
-        self.made, up = [], self.path  # the folders made here, deepest first
+        self.made, up = [], self.path  # The folders made here, deepest first.
         while not os.path.exists(up):
             self.made, up = self.made + [up], os.path.dirname(up)
         os.makedirs(self.path, exist_ok=True)
@@ -172,7 +206,7 @@ class RunFolder:
         except BaseException:
             self.__exit__(True)
             raise
-        self.saved = resume  # until then, a failure deletes what this run wrote
+        self.saved = resume  # Until this run saves an epoch, a failure deletes what it wrote.
 
     def _check(self, resume, overwrite):
         """Refuses --out as it is, or says whether an earlier run is to be replaced."""
@@ -184,20 +218,21 @@ class RunFolder:
                 f'{os.readlink(os.path.join(self.path, link))}); train.py neither writes nor '
                 'deletes through links in a run folder: put what it names in its place, or '
                 'choose another --out')
+        settle(self.path)  # An --overwrite killed while it saved its first epoch.
         top = sorted(os.listdir(self.path))
-        other = next((os.path.join(self.name, n) for n in (  # the first, without a full walk
+        other = next((os.path.join(self.name, n) for n in (  # The first, without a full walk.
             os.path.relpath(os.path.join(r, n), self.path) for r, dirs, files in os.walk(self.path)
             for n in sorted(dirs + files)) if n not in OURS), None)
         if resume and 'last' not in top:
             raise ValueError(f'--resume: {self.name} holds no run to continue')
         if resume:
-            delete_run(self.path, TMP)  # what killed saves left
+            delete_run(self.path, TMP)  # What killed saves left.
         if resume or not top:
             return False
         why = None
         try:
             checkpoint_meta(os.path.join(self.path, 'last'))['history']
-        except Exception as e:  # missing, unreadable, not a run's: the message says which
+        except Exception as e:  # Missing, unreadable, not a run's: the message says which.
             why = one_line(e)
         if why is None and not overwrite:
             raise ValueError(f'--out {self.name}: holds an earlier run; continue it with --resume, '
@@ -217,8 +252,11 @@ class RunFolder:
         return True
 
     def delete_unsaved(self):
-        """What this run wrote (if it saved no epoch) and the folders it made, if empty."""
-        if not self.saved and not self.replacing:
+        """Deletes what this run wrote, if it saved no epoch (an --overwrite's part of one in NEW),
+        and the folders it made, if empty."""
+        if not self.saved and self.replacing:
+            settle(self.path)
+        elif not self.saved:
             delete_run(self.path)
         for folder in self.made:
             with contextlib.suppress(OSError):
@@ -227,13 +265,14 @@ class RunFolder:
     def __enter__(self):
         return self
 
-    def __exit__(self, failed, *_):  # unlocks; on failure first deletes what it may
+    def __exit__(self, failed, *_):  # On failure it deletes what it may, then unlocks.
         if failed:
             self.delete_unsaved()
         os.close(self.fd)
 
     def load_last(self, device='cpu'):
-        """last/'s (model, tokenizer, meta); meta['adam']: Adam's state, as its state_dict's."""
+        """Return last/'s (model, tokenizer, meta), with Adam's state in meta['adam'], as its
+        state_dict() holds it."""
         model, tokenizer, meta = load_checkpoint(os.path.join(self.path, 'last'), device)
         meta['adam'] = {}
         for key in [k for k in meta['extra'] if k.startswith('adam.')]:
@@ -242,40 +281,48 @@ class RunFolder:
         return model, tokenizer, meta
 
     def save(self, model, tokenizer, meta, history, extra, adam, improved):
-        """best/ (if `improved`), metrics.jsonl, then last/ (with `extra` and the optimizer's
-        state): a kill between them re-runs the epoch at --resume. --overwrite deletes first."""
+        """Writes best/ (if `improved`), metrics.jsonl, then last/ (with Adam's state); both
+        checkpoints keep the tensors `extra`. A kill between them re-runs the epoch at --resume.
+        An --overwrite's first epoch is written into NEW, and replaces the earlier run once whole
+        there; if it cannot be written (a disk too small for both, say), the earlier run stays."""
+        root = os.path.join(self.path, NEW) if self.replacing else self.path
+        try:
+            if improved:
+                save_checkpoint(os.path.join(root, 'best'), model, tokenizer,
+                                {**meta, 'epoch': len(history) - 1, 'dev': history[-1]}, extra)
+            write_whole(os.path.join(root, METRICS),
+                        ''.join(json.dumps(h) + '\n' for h in history))
+            state = {f'adam.{i}.{k}': v for i, kept in adam.state_dict()['state'].items()
+                     for k, v in kept.items()}
+            save_checkpoint(os.path.join(root, 'last'), model, tokenizer,
+                            {**meta, 'history': history}, {**extra, **state})
+        except OSError as e:
+            if not self.replacing:
+                raise
+            raise ValueError(f'{e.filename}: {e.strerror}; the earlier run in {self.name} is '
+                             'kept') from None
         if self.replacing:
-            delete_run(self.path)
+            replace_run(self.path)
             self.replacing = False
-        if improved:  # the initial label embeddings too, for tools/similar.py
-            save_checkpoint(os.path.join(self.path, 'best'), model, tokenizer,
-                            {**meta, 'epoch': len(history) - 1, 'dev': history[-1]},
-                            {'labels_at_init': extra['labels_at_init']})
-        write_whole(os.path.join(self.path, METRICS),
-                    ''.join(json.dumps(h) + '\n' for h in history))
-        save_checkpoint(os.path.join(self.path, 'last'), model, tokenizer,
-                        {**meta, 'history': history}, {**extra, **{
-                            f'adam.{i}.{k}': v for i, state in adam.state_dict()['state'].items()
-                            for k, v in state.items()}})
         self.saved = True
 
 
-# The scripts' one error exit
+# The one error exit of the scripts
 
 def exit_on_error(main, *args):
-    """main(*args); a mistake, the OS's refusal, no GPU memory or Ctrl-C end it in one line (exit
-    1), a closed pipe (`... | head -1`) quietly."""
+    """Runs main(*args). A mistake, the OS's refusal, no GPU memory or Ctrl-C end it in one line
+    (exit 1), a closed pipe (`... | head -1`) quietly."""
     try:
         main(*args)
-        sys.stdout.flush()  # here, so that a closed pipe is caught below
-    except BrokenPipeError:  # the reader has all it wanted
+        sys.stdout.flush()  # Here, so that a closed pipe is caught below.
+    except BrokenPipeError:  # The reader has all it wanted.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit('interrupted')
     except torch.OutOfMemoryError:
         sys.exit('error: out of GPU memory; try a smaller --batch')
-    except OSError as e:  # the OS's words
+    except OSError as e:  # The OS's own words.
         sys.exit(f'error: {e.filename}: {e.strerror}' if e.filename else f'error: {e}')
     except (ValueError, FloatingPointError) as e:
         sys.exit('error: ' + str(e).replace('\n', ' '))

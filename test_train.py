@@ -517,6 +517,71 @@ def test_overwrite_replaces_a_run_only_once_the_new_has_an_epoch(base_run, tmp_p
     assert [m['mix'] for m in read_metrics(out)] == [False]
 
 
+def evaluates_as_it_did(out, tmp_path):
+    """The run's best/ scores the demo's test split (evaluate.py, as a user would) with the
+    figures of its own test_metrics.json."""
+    figures = tmp_path / 'figures.json'
+    evaluate.main(['--ckpt', str(out / 'best'), '--data', 'demo', '--device', 'cpu', '--out',
+                   str(figures)])
+    got, want = (json.loads(p.read_text()) for p in (figures, out / runs.TEST_METRICS))
+    os.remove(figures)
+    return all(got[k] == want[k] for k in ('micro_f1', 'macro_f1', 'per_depth', 'by_frequency'))
+
+
+def test_overwrite_whose_first_save_fails_on_a_full_disk_keeps_the_earlier_run(base_run, tmp_path,
+                                                                                monkeypatch):
+    """The disk fills while --overwrite writes its first epoch beside the earlier run (the last
+    file fails): one line says so and that the earlier run is kept, which is there byte for byte
+    and evaluates with its own figures."""
+    out = shutil.copytree(base_run[1], tmp_path / 'run')
+    before, replace = tree_state(out), os.replace
+    with monkeypatch.context() as mp:
+        mp.setattr(os, 'replace', lambda src, dst: (_ for _ in ()).throw(
+            OSError(errno.ENOSPC, 'No space left on device')) if str(dst).endswith(
+            'last/model.safetensors') else replace(src, dst))
+        assert error_of(lambda: train.main(FAST + ['--out', str(out), '--overwrite'])) == (
+            f'error: {out}/.new/last/model.safetensors: No space left on device; the earlier '
+            f'run in {out} is kept')
+    assert tree_state(out) == before and evaluates_as_it_did(out, tmp_path)
+
+
+def test_overwrite_killed_at_any_point_of_its_first_save_leaves_one_whole_run(base_run, tmp_path,
+                                                                               monkeypatch):
+    """A kill at any instant of --overwrite's first save, taken as the files stand just before
+    each rename or deletion in the run folder (copied aside, as a SIGKILL would leave them): until
+    the new epoch is whole in .new (its last/ weights there), the earlier run is there byte for
+    byte and evaluates with its own figures, and the next train.py deletes .new; once it is
+    whole, the next train.py finishes the replacement, and the new run continues."""
+    out = shutil.copytree(base_run[1], tmp_path / 'run')
+    before, real, kills = tree_state(out), os.path.realpath(out), []
+
+    def kill_point(call):
+        def at(path, *a, **k):
+            if str(path).startswith(real + os.sep):
+                kills.append(shutil.copytree(real, tmp_path / f'kill{len(kills)}'))
+            return call(path, *a, **k)
+        return at
+    with monkeypatch.context() as mp:
+        for name in ('replace', 'rename', 'remove', 'rmdir'):
+            mp.setattr(os, name, kill_point(getattr(os, name)))
+        train.main(FAST + ['--epochs', '1', '--out', str(out), '--overwrite'])
+    assert [m['epoch'] for m in read_metrics(out)] == [0] and is_whole_run(out)
+    earlier = []
+    for k in kills:
+        top = {n: v for n, v in tree_state(k).items() if n.split(os.sep)[0] != '.new'}
+        runs.settle(str(k))  # what the next train.py on the folder does first
+        earlier.append(tree_state(k) == before)
+        if earlier[-1]:  # the earlier run was whole beside .new all along
+            assert top == before
+        else:
+            assert not (k / '.new').exists() and [m['epoch'] for m in read_metrics(k)] == [0]
+            assert [h['epoch'] for h in runs.load_checkpoint(str(k / 'last'))[2]['history']] == [0]
+            runs.load_checkpoint(str(k / 'best'))
+    # the nine renames that write the new epoch into .new, then its replacing the earlier run
+    assert earlier == [True] * 9 + [False] * (len(kills) - 9) and len(kills) > 20
+    assert evaluates_as_it_did(kills[0], tmp_path)
+
+
 def test_overwrite_replaces_a_damaged_run_saying_what_was_damaged(base_run, tmp_path, capsys):
     out = shutil.copytree(base_run[1], tmp_path / 'run')
     os.truncate(out / 'last' / runs.WEIGHTS, 100)
@@ -682,9 +747,8 @@ def _disk_full(mp):  # as a full disk fails a write, or the fsync that flushes i
      'error: {out}/best/model.safetensors: No space left on device')])
 def test_failure_leaves_every_file_as_it_was(base_run, tmp_path, monkeypatch, setup, fresh,
                                              resumed):
-    """A new run, --overwrite and --resume fail: nothing of theirs is left; the earlier run is as
-    it was, but where --overwrite failed while saving its first epoch (its files were deleted,
-    as asked)."""
+    """A new run, --overwrite and --resume fail: nothing of theirs is left, and the earlier run is
+    as it was (--overwrite writes its first epoch beside it, and a full disk stops that)."""
     out = shutil.copytree(base_run[0], tmp_path / 'run')
     before = tree_state(tmp_path)
     with monkeypatch.context() as mp:
@@ -695,12 +759,11 @@ def test_failure_leaves_every_file_as_it_was(base_run, tmp_path, monkeypatch, se
                                 '--resume'], resumed or fresh)]:
             with pytest.raises(SystemExit) as e:
                 train.main(argv)
+            if setup is _disk_full and '--overwrite' in argv:  # the earlier run stays
+                message = ('error: {out}/.new/best/tokenizer.json: No space left on device; the '
+                           'earlier run in {out} is kept')
             assert e.value.code == message.format(out=argv[argv.index('--out') + 1]).replace(
                 'epoch 0', 'epoch 1' if '--resume' in argv else 'epoch 0')
-            if setup is _disk_full and '--overwrite' in argv:
-                assert os.listdir(out) == []
-                shutil.rmtree(out)
-                shutil.copytree(base_run[0], out)
             assert tree_state(tmp_path) == before
     if resumed:  # and --resume then gives the uninterrupted result
         resume(out)
@@ -728,38 +791,37 @@ def test_a_kill_at_any_rename_leaves_loadable_checkpoints_and_the_next_run_clean
                                                                                       tmp_path):
     """--resume killed at its 2nd and 4th rename (best/ replaced, metrics.jsonl and last/ not; all
     but the test figures): --resume then gives the uninterrupted result. --overwrite killed at its
-    3rd (in its first save, the earlier run deleted: train.py's names only, which a plain run and
-    --resume refuse and --overwrite replaces) and 11th (in the second epoch's save: --resume
+    3rd rename (its first epoch still partly in .new: --resume continues the earlier run, with the
+    uninterrupted result), its 11th (the whole first epoch replacing the earlier run: --resume
+    finishes that and continues the new run) and its 14th (in the second epoch's save: --resume
     continues). The leftovers of the killed saves are gone."""
     # as many threads as this process: the uninterrupted run it is compared with, bit for bit
     env = {**os.environ, 'OMP_NUM_THREADS': str(torch.get_num_threads()), 'HF_HUB_OFFLINE': '1'}
-    cases, procs = [('resume', 2), ('resume', 4), ('overwrite', 3), ('overwrite', 11)], []
+    cases = [('resume', 2), ('resume', 4), ('overwrite', 3), ('overwrite', 11), ('overwrite', 14)]
+    procs = []
     for how, n in cases:
         out = shutil.copytree(base_run[0], tmp_path / f'{how}{n}' / 'run')
         argv = ['--data', 'demo', '--device', 'cpu', '--out', str(out), '--resume'] if how == \
-            'resume' else FAST + ['--epochs', '2', '--out', str(out), '--overwrite']
+            'resume' else FAST + ['--epochs', '2', '--seed', '1', '--out', str(out), '--overwrite']
         procs.append(subprocess.Popen([sys.executable, '-c', WRAPPER.format(here=str(HERE)), *argv],
                                       env={**env, 'KILL_AT': str(n),
                                            'WATCH': os.path.realpath(out.parent)},
                                       stdout=subprocess.DEVNULL,
                                       stderr=subprocess.PIPE, cwd=tmp_path))
-        if len(procs) % 2 == 0:  # two at a time
+        if len(procs) % 2 == 0 or len(procs) == len(cases):  # two at a time
             [p.wait(timeout=300) for p in procs[-2:]]
     for (how, n), p in zip(cases, procs):
         out = tmp_path / f'{how}{n}' / 'run'
         assert p.returncode == -signal.SIGKILL, p.stderr.read().decode()
-        assert any(name.endswith('.tmp') for _, _, fs in os.walk(out) for name in fs)
-        if n == 3:
-            assert 'saved no epoch or is damaged' in error_of(
-                lambda: train.main(FAST + ['--out', str(out)]))
-            assert 'holds no run to continue' in error_of(lambda: resume(out))
-            train.main(FAST + ['--epochs', '2', '--out', str(out), '--overwrite'])
-        else:
+        assert (n == 11) != any(name.endswith('.tmp') for _, _, fs in os.walk(out) for name in fs)
+        if n != 11:
             for name in ('best', 'last'):
                 runs.load_checkpoint(str(out / name))
-            resume(out)
-        if how == 'resume':
+        resume(out)
+        if how == 'resume' or n == 3:
             assert results(out) == results(base_run[1])
+        else:
+            assert results(out)[1]['args']['seed'] == 1  # the new run's
         assert os.listdir(out.parent) == ['run'] and is_whole_run(out)
         assert [m['epoch'] for m in read_metrics(out)] == [0, 1]
 
@@ -787,6 +849,32 @@ def test_a_weight_a_step_leaves_unused_moves_as_with_gradient_0():
     want = b1 - lr * (m / (1 - beta1 ** 2)) / ((v / (1 - beta2 ** 2)).sqrt() + eps)
     torch.testing.assert_close(bias.detach().double(), want, rtol=1e-5, atol=1e-7)
     assert not torch.equal(bias.detach().double(), b1)
+
+
+def test_a_weight_first_used_by_the_second_step_moves_as_adam_after_a_zero_gradient():
+    """make_optimizer gives every weight a gradient before the first step. The MLM head's bias
+    is left unused by a first batch without masked text and used by a second: Adam has then seen
+    it twice, first with gradient 0 (no move), so its second update is, by hand in float64,
+    m = (1 - b1) g, v = (1 - b2) g^2, w - lr m^ / (sqrt(v^) + eps) with corrections for step 2;
+    had Adam skipped the first step, the update would be about lr, corrected for step 1."""
+    from test_data import tiny_model
+    from test_lhmix import PARENTS
+    torch.manual_seed(0)
+    model, _ = tiny_model(lhmix.Hierarchy(PARENTS))
+    opt, scaler = train.make_optimizer(model, 1e-3, capturable=False)
+    docs = [np.arange(5, 25), np.arange(7, 19)]
+    bias = model.mlm.get_output_embeddings().bias
+    b0 = bias.detach().double().clone()
+    train.train_step(model, opt, scaler, lhmix.make_batch(model, docs, [[0], [1]]))
+    assert torch.equal(bias.detach().double(), b0)
+    train.train_step(model, opt, scaler, lhmix.make_batch(
+        model, docs, [[0], [1]], np.random.default_rng(0), mlm_rate=0.5))
+    g = bias.grad.double()
+    (beta1, beta2), eps, lr = opt.defaults['betas'], opt.defaults['eps'], 1e-3
+    m, v = (1 - beta1) * g, (1 - beta2) * g ** 2
+    want = b0 - lr * (m / (1 - beta1 ** 2)) / ((v / (1 - beta2 ** 2)).sqrt() + eps)
+    assert g.abs().max() > 0
+    torch.testing.assert_close(bias.detach().double(), want, rtol=1e-5, atol=1e-8)
 
 
 # CUDA graphs: steps replayed from graphs give the eager numbers
@@ -837,7 +925,7 @@ def test_cuda_graph_steps_match_eager_on_gpu_bf16(mix):
     for m in model.modules():  # no dropout: the two runs draw no random masks
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
-    model.to(device).use_local_hierarchies(torch.randn(4, 32, device=device), 1.0, 0.75)
+    lhmix.use_local_hierarchies(model.to(device), torch.randn(4, 32), 1.0, 0.75)
     twin = copy.deepcopy(model)
     rng = np.random.default_rng(0)
     docs = [rng.integers(5, model.base_vocab, int(k)) for k in rng.integers(18, 40, 48)]

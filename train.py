@@ -54,7 +54,7 @@ def add_flag(p, *flag, **kw):
 
 
 def parse(argv=None):
-    """(the arguments, those given on the command line)."""
+    """Return the arguments, and those that the command line gave."""
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_flag(p, '--data', required=True, help='wos, nyt, rcv1, a folder, or demo: synthetic, with '
@@ -100,7 +100,7 @@ def parse(argv=None):
     add_flag(p, '--resume', action='store_true',
              help="continue --out's run, its settings kept (a given --epochs extends it)")
     add_flag(p, '--overwrite', action='store_true',
-             help="replace the run in --out (its files go when this one's first epoch is saved)")
+             help="replace the run in --out, which stays until this run's first epoch is saved")
     add_flag(p, '--no-cuda-graphs', action='store_true', help='run the GPU steps eagerly')
     args = p.parse_args(argv)
     if args.data == 'demo':
@@ -129,20 +129,20 @@ class Run:
     gold: dict          # {split: each document's label ids}
     train_labels: list  # The whole training split's labels, which Fig. 7's quartiles count.
     history: list = field(default_factory=list)  # metrics.jsonl's lines, an epoch each
-    # The tensors saved in last/ beside the weights: the initial label embeddings, and LH-Mix's
-    # local-hierarchy table and each training document's row in it.
-    saved_tensors: dict = field(default_factory=dict)
+    # The tensors saved in the checkpoints beside the weights: the initial label embeddings (for
+    # tools/similar.py), and LH-Mix's local-hierarchy table and each training document's row.
+    extra: dict = field(default_factory=dict)
     adam: dict = field(default_factory=dict)  # Adam's state, as its state_dict()['state']
 
 
 def prepare(args, given, folder):
-    """The run's model, data and state. At --resume the run keeps its own settings, but a given
-    --epochs, and says which given flags it ignores."""
+    """Return the run's model, data and state. At --resume the run keeps its own settings, but
+    a given --epochs, and says which given flags it ignores."""
     state = {}
     if args.resume:
         model, tokenizer, last = folder.load_last()
         saved = last['args']
-        state = {'history': last['history'], 'saved_tensors': last['extra'], 'adam': last['adam']}
+        state = {'history': last['history'], 'extra': last['extra'], 'adam': last['adam']}
         for k, v in given.items():
             if k in saved and k != 'epochs' and v != saved[k]:
                 print(f'--resume: the run keeps its saved --{k.replace("_", "-")} {saved[k]} '
@@ -167,7 +167,7 @@ def prepare(args, given, folder):
         mlm, tokenizer = (data.tiny_bert([t for t, _ in used['train']] + hierarchy.names)
                           if args.model == 'tiny' else data.load_pretrained(args.model))
         model = lhmix.build_model(mlm, tokenizer, hierarchy, args.arch, args.max_length)
-        state['saved_tensors'] = {'labels_at_init': model.label_embeddings().detach().clone()}
+        state['extra'] = {'labels_at_init': model.label_embeddings().detach().clone()}
     budget = model.text_budget(args.max_length)
     tokens = {k: lhmix.tokenize(tokenizer, [t for t, _ in d], budget) for k, d in used.items()}
     print(f'{len(hierarchy)} labels, depth {hierarchy.num_depths}; documents '
@@ -182,8 +182,8 @@ def prepare(args, given, folder):
 # One step: zero the gradients, forward, backward, Adam's update
 
 def make_optimizer(model, lr, capturable, state=None):
-    """(Adam, its loss scaler), continuing from Adam's `state` when one is given. `capturable`
-    keeps Adam's step count on the GPU, as a CUDA graph needs."""
+    """Return (Adam, its loss scaler), continuing from Adam's `state` when one is given.
+    `capturable` keeps Adam's step count on the GPU, as a CUDA graph needs."""
     cuda = next(model.parameters()).is_cuda
     opt = torch.optim.Adam(model.parameters(), lr=lr, fused=cuda, capturable=capturable)
     opt.load_state_dict({'state': state or {}, 'param_groups': opt.state_dict()['param_groups']})
@@ -199,8 +199,9 @@ def make_optimizer(model, lr, capturable, state=None):
 
 
 def train_step(model, opt, scaler, batch):
-    """One training step on a batch from lhmix.make_batch: (loss, lambda or None). Nothing here
-    waits for the GPU, so on a GPU a CUDA graph captures this whole function and replays it."""
+    """Takes one training step on a batch from lhmix.make_batch; returns (loss, lambda or None).
+    Nothing here waits for the GPU, so on a GPU a CUDA graph captures this whole function and
+    replays it."""
     opt.zero_grad(set_to_none=False)
     with lhmix.autocast(batch['input_ids'].device):
         loss, lam = model(**batch)
@@ -213,9 +214,9 @@ def train_step(model, opt, scaler, batch):
 # One epoch, the dev figures, the epochs (fit), the test
 
 def train_epoch(run, step, epoch, bar):
-    """An epoch's (mean loss, lambdas or None). Mixup's batches are random: graphed steps pack
-    them into one row, eager steps pad them, because nested tensors' Python dispatch costs an
-    eager step more than the padding does."""
+    """Trains an epoch; returns (mean loss, lambdas or None). Mixup's batches are random:
+    graphed steps pack them into one row, eager steps pad them, because nested tensors' Python
+    dispatch costs an eager step more than the padding does."""
     args, model, tokens, gold = run.args, run.model, run.tokens['train'], run.gold['train']
     device = next(model.parameters()).device
     # Each epoch draws from streams of its own, so that a resumed run draws as an unbroken one.
@@ -233,10 +234,9 @@ def train_epoch(run, step, epoch, bar):
         if mixing:
             batch['partner'] = torch.from_numpy(partner)
             if args.mix == 'lhmix':
-                batch['hierarchy_ids'] = run.saved_tensors['hierarchy_ids'][idx]
-            else:  # Vanilla Mixup's Beta(a, a), folded to [0.5, 1] as LH-Mix's lambda is.
-                lam = rng.beta(args.mix_alpha, args.mix_alpha, len(idx))
-                batch['lam'] = torch.from_numpy(np.maximum(lam, 1 - lam)).float()
+                batch['hierarchy_ids'] = run.extra['hierarchy_ids'][idx]
+            else:
+                batch['lam'] = lhmix.vanilla_mixup_ratio(rng, args.mix_alpha, len(idx))
         loss, lam = step(lhmix.to_device(batch, device))
         total += loss  # Summed on the device, so that no step waits for the GPU.
         if lam is not None:
@@ -248,7 +248,7 @@ def train_epoch(run, step, epoch, bar):
                                  '--lr); this epoch is not saved')
     return loss, torch.cat(lams).double().cpu().numpy() if lams else None
 def since_best(history):
-    """Epochs since the best dev macro-F1 (the first of equal ones)."""
+    """Return the epochs since the best dev macro-F1 (the first of equal ones)."""
     f1 = [h['dev_macro_f1'] for h in history]
     return len(f1) - 1 - int(np.argmax(f1)) if f1 else 0
 
@@ -275,13 +275,13 @@ def evaluate_dev(run, epoch, loss, lam, seconds):
 def fit(run):
     """Trains until --epochs or early stopping, saving every epoch. LH-Mix's local hierarchies
     are encoded first, once, by the encoder as it starts (Sec. 4.1)."""
-    args, model, kept = run.args, run.model, run.saved_tensors
+    args, model, extra = run.args, run.model, run.extra
     if args.mix == 'lhmix':
-        if 'table' not in kept:
-            kept['table'], kept['hierarchy_ids'] = lhmix.local_hierarchy_table(
+        if 'table' not in extra:
+            extra['table'], extra['hierarchy_ids'] = lhmix.local_hierarchy_table(
                 model, run.tokenizer, run.gold['train'])
-            print(f"{len(kept['table'])} distinct local hierarchies encoded")
-        model.use_local_hierarchies(kept['table'].to(args.device), args.alpha, args.beta)
+            print(f"{len(extra['table'])} distinct local hierarchies encoded")
+        lhmix.use_local_hierarchies(model, extra['table'], args.alpha, args.beta)
     why_not = lhmix.cuda_graphs_unavailable(args.device)
     if why_not and args.device.type == 'cuda' and not args.no_cuda_graphs:
         print(f'CUDA graphs off: {why_not}', file=sys.stderr)
@@ -302,7 +302,7 @@ def fit(run):
             if not all(torch.isfinite(p).all() for p in model.parameters()):
                 raise FloatingPointError(f'the weights became infinite or NaN in epoch {epoch} '
                                          '(try a lower --lr); this epoch is not saved')
-            run.folder.save(model, run.tokenizer, run.meta, run.history, kept, opt,
+            run.folder.save(model, run.tokenizer, run.meta, run.history, extra, opt,
                             improved=since_best(run.history) == 0)
 
 
