@@ -8,11 +8,13 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(TOOLS))
 import data  # noqa: E402
 import evaluate  # noqa: E402
+import lhmix  # noqa: E402
 import runs  # noqa: E402
 import similar  # noqa: E402
 import summary  # noqa: E402
@@ -168,3 +170,74 @@ def test_label_case_study_on_a_demo_run(run, capsys):
         assert error_of(lambda: similar.main(['--ckpt', str(run / 'best'), '--label', label])
                         ) == f'error: {message}'
     assert tree_state(run) == before
+
+
+def test_relatives_among_the_nearest_labels_by_hand():
+    """A tree of 5 labels, A and B at depth 1, A1 and A2 under A, B1 under B, embedded in a plane
+    at the angles below (lengths apart: the cosine ignores them), ranked by hand."""
+    h = lhmix.Hierarchy({'A': None, 'B': None, 'A1': 'A', 'A2': 'A', 'B1': 'B'})
+    # relatives: A: B (depth 1), A1, A2; B: A, B1; A1: A, A2; A2: A, A1; B1: B
+    assert [similar.relatives(h, v) for v in range(5)] == [{1, 2, 3}, {0, 4}, {0, 3}, {0, 2}, {1}]
+
+    def plane(degrees, lengths=(1, 1, 1, 1, 1)):
+        return torch.tensor([[r * math.cos(math.radians(d)), r * math.sin(math.radians(d))]
+                             for d, r in zip(degrees, lengths)])
+    # A 0, B 210, A1 10, A2 100, B1 30 degrees; the nearest first:
+    # A: A1 B1 A2 B; B: A2 A A1 B1; A1: A B1 A2 B; A2: B1 A1 A B; B1: A1 A A2 B
+    # k 1: 1, 0, 1, 0, 0 relatives; k 3: 2, 1, 2, 2, 0 of 3; k 15 (all 4): 3, 2, 2, 2, 1 of 4
+    assert similar.relatives_among_nearest(h, plane([0, 210, 10, 100, 30]), (1, 3, 15)) == \
+        pytest.approx({1: 2 / 5, 3: 7 / 15, 15: 1 / 2}, abs=1e-12)
+    # A 0, B 180, A1 5, A2 -8, B1 195: A: A1 A2 B1 B; B: B1 A2 A1 A; A1: A A2 B1 B;
+    # A2: A A1 B1 B; B1: B A2 A A1; k 1: all relatives; k 3: 2, 1, 2, 2, 1 of 3
+    assert similar.relatives_among_nearest(h, plane([0, 180, 5, -8, 195], (1, 3, 0.5, 2, 1)),
+                                           (1, 3, 15)) == \
+        pytest.approx({1: 1, 3: 8 / 15, 15: 1 / 2}, abs=1e-12)
+
+
+def test_all_labels_on_a_demo_run_printed_and_written(run, tmp_path, capsys):
+    """Fig. 6 over all labels, worked here in float64 from the checkpoint's embeddings; --out
+    written whole, rewritten over its own earlier file, never over another."""
+    model, _, meta = runs.load_checkpoint(str(run / 'best'))
+    parent = model.hierarchy.parent
+    n = len(parent)
+    kin = [{u for u in range(n) if u != v and parent[u] == parent[v]}  # siblings
+           | {u for u in range(n) if parent[u] == v} | ({parent[v]} - {-1}) for v in range(n)]
+
+    def shares(emb):
+        e = emb.double().numpy()
+        e = e / np.linalg.norm(e, axis=1, keepdims=True)
+        cos = e @ e.T
+        order = [sorted((u for u in range(n) if u != v), key=lambda u: (-cos[v, u], u))
+                 for v in range(n)]
+        return {k: np.mean([len(kin[v] & set(order[v][:k])) / k for v in range(n)])
+                for k in (3, 15)}
+    want = {'init': shares(meta['extra']['labels_at_init']),
+            'trained': shares(model.label_embeddings().detach())}
+    chance = np.mean([len(kin[v]) / (n - 1) for v in range(n)])
+    out = tmp_path / 'relatives.json'
+    for _ in range(2):  # the second time over the first's file
+        similar.main(['--ckpt', str(run / 'best'), '--all-labels', '--out', str(out)])
+        lines = capsys.readouterr().out.splitlines()
+        assert f'the share averaged over the {n} labels' in lines[1]
+        assert [line.split() for line in lines[2:]] == [
+            ['k', 'init', 'trained'],
+            *[[str(k), f"{want['init'][k]:.3f}", f"{want['trained'][k]:.3f}"] for k in (3, 15)],
+            ['by', 'chance', '(all', 'other', 'labels):', f'{chance:.3f}']]
+        written = json.loads(out.read_text())
+        assert written == {'relatives_among_nearest': {str(k): {s: pytest.approx(want[s][k])
+                                                                for s in want} for k in (3, 15)},
+                           'by_chance': pytest.approx(chance), 'labels': n}
+    assert out.read_text().startswith(similar.START) and os.listdir(tmp_path) == [out.name]
+    other = tmp_path / 'notes.json'
+    other.write_text('{"mine": 1}\n')
+    before = tree_state(tmp_path)
+    assert error_of(lambda: similar.main(['--ckpt', str(run / 'best'), '--all-labels', '--out',
+                                          str(other)])) == (
+        f'error: --out {other}: exists and is not an earlier --out file (remove it or choose '
+        'another name)')
+    assert tree_state(tmp_path) == before
+    for argv, message in [(['--all-labels', '--top', '3'], '--top is for --label'),
+                          (['--label', 'optics', '--out', str(out)], '--out is for --all-labels')]:
+        with pytest.raises(SystemExit) as e:
+            similar.main(['--ckpt', str(run / 'best'), *argv])
+        assert e.value.code == 2 and message in capsys.readouterr().err
