@@ -67,7 +67,8 @@ class Untestable(Exception):
 
 @dataclass
 class Item:
-    """Differences (or slopes) of one comparison, in points, with their p and the paper's sign."""
+    """Differences (or slopes) of one comparison, in points, with their p and the sign that the
+    paper claims for each (0: none, in a row that cannot be tested here)."""
     what: str
     values: list
     ps: list
