@@ -1,18 +1,24 @@
 """Tests of the research tools: the bench runs, summaries and their Welch p-values (worked by
-hand), prediction files scored, the label case study's ranks (computed here)."""
+hand), prediction files scored, the label case study's ranks and its count of relatives over all
+labels (computed here, and by hand on a tree in a plane), the claims table on fabricated records
+(by hand)."""
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+import torch
 
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(TOOLS))
+import claims  # noqa: E402
 import data  # noqa: E402
 import evaluate  # noqa: E402
+import lhmix  # noqa: E402
 import runs  # noqa: E402
 import similar  # noqa: E402
 import summary  # noqa: E402
@@ -168,3 +174,368 @@ def test_label_case_study_on_a_demo_run(run, capsys):
         assert error_of(lambda: similar.main(['--ckpt', str(run / 'best'), '--label', label])
                         ) == f'error: {message}'
     assert tree_state(run) == before
+
+
+def test_relatives_among_the_nearest_labels_by_hand():
+    """A tree of 5 labels, A and B at depth 1, A1 and A2 under A, B1 under B, embedded in a plane
+    at the angles below (lengths apart: the cosine ignores them), ranked by hand."""
+    h = lhmix.Hierarchy({'A': None, 'B': None, 'A1': 'A', 'A2': 'A', 'B1': 'B'})
+    # relatives: A: B (depth 1), A1, A2; B: A, B1; A1: A, A2; A2: A, A1; B1: B
+    assert [similar.relatives(h, v) for v in range(5)] == [{1, 2, 3}, {0, 4}, {0, 3}, {0, 2}, {1}]
+
+    def plane(degrees, lengths=(1, 1, 1, 1, 1)):
+        return torch.tensor([[r * math.cos(math.radians(d)), r * math.sin(math.radians(d))]
+                             for d, r in zip(degrees, lengths)])
+    # A 0, B 210, A1 10, A2 100, B1 30 degrees; the nearest first:
+    # A: A1 B1 A2 B; B: A2 A A1 B1; A1: A B1 A2 B; A2: B1 A1 A B; B1: A1 A A2 B
+    # k 1: 1, 0, 1, 0, 0 relatives; k 3: 2, 1, 2, 2, 0 of 3; k 15 (all 4): 3, 2, 2, 2, 1 of 4
+    assert similar.relatives_among_nearest(h, plane([0, 210, 10, 100, 30]), (1, 3, 15)) == \
+        pytest.approx({1: 2 / 5, 3: 7 / 15, 15: 1 / 2}, abs=1e-12)
+    # A 0, B 180, A1 5, A2 -8, B1 195: A: A1 A2 B1 B; B: B1 A2 A1 A; A1: A A2 B1 B;
+    # A2: A A1 B1 B; B1: B A2 A A1; k 1: all relatives; k 3: 2, 1, 2, 2, 1 of 3
+    assert similar.relatives_among_nearest(h, plane([0, 180, 5, -8, 195], (1, 3, 0.5, 2, 1)),
+                                           (1, 3, 15)) == \
+        pytest.approx({1: 1, 3: 8 / 15, 15: 1 / 2}, abs=1e-12)
+
+
+def test_all_labels_on_a_demo_run_printed_and_written(run, tmp_path, capsys):
+    """Fig. 6 over all labels, worked here in float64 from the checkpoint's embeddings; --out
+    written whole, rewritten over its own earlier file, never over another."""
+    model, _, meta = runs.load_checkpoint(str(run / 'best'))
+    parent = model.hierarchy.parent
+    n = len(parent)
+    kin = [{u for u in range(n) if u != v and parent[u] == parent[v]}  # siblings
+           | {u for u in range(n) if parent[u] == v} | ({parent[v]} - {-1}) for v in range(n)]
+
+    def shares(emb):
+        e = emb.double().numpy()
+        e = e / np.linalg.norm(e, axis=1, keepdims=True)
+        cos = e @ e.T
+        order = [sorted((u for u in range(n) if u != v), key=lambda u: (-cos[v, u], u))
+                 for v in range(n)]
+        return {k: np.mean([len(kin[v] & set(order[v][:k])) / k for v in range(n)])
+                for k in (3, 15)}
+    want = {'init': shares(meta['extra']['labels_at_init']),
+            'trained': shares(model.label_embeddings().detach())}
+    chance = np.mean([len(kin[v]) / (n - 1) for v in range(n)])
+    out = tmp_path / 'relatives.json'
+    for _ in range(2):  # the second time over the first's file
+        similar.main(['--ckpt', str(run / 'best'), '--all-labels', '--out', str(out)])
+        lines = capsys.readouterr().out.splitlines()
+        assert f'the share averaged over the {n} labels' in lines[1]
+        assert [line.split() for line in lines[2:]] == [
+            ['k', 'init', 'trained'],
+            *[[str(k), f"{want['init'][k]:.3f}", f"{want['trained'][k]:.3f}"] for k in (3, 15)],
+            ['by', 'chance', '(all', 'other', 'labels):', f'{chance:.3f}']]
+        written = json.loads(out.read_text())
+        assert written == {'relatives_among_nearest': {str(k): {s: pytest.approx(want[s][k])
+                                                                for s in want} for k in (3, 15)},
+                           'by_chance': pytest.approx(chance), 'labels': n}
+    assert out.read_text().startswith(similar.START) and os.listdir(tmp_path) == [out.name]
+    other = tmp_path / 'notes.json'
+    other.write_text('{"mine": 1}\n')
+    before = tree_state(tmp_path)
+    assert error_of(lambda: similar.main(['--ckpt', str(run / 'best'), '--all-labels', '--out',
+                                          str(other)])) == (
+        f'error: --out {other}: exists and is not an earlier --out file (remove it or choose '
+        'another name)')
+    assert tree_state(tmp_path) == before
+    for argv, message in [(['--all-labels', '--top', '3'], '--top is for --label'),
+                          (['--label', 'optics', '--out', str(out)], '--out is for --all-labels')]:
+        with pytest.raises(SystemExit) as e:
+            similar.main(['--ckpt', str(run / 'best'), *argv])
+        assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+# tools/claims.py on fabricated records: F1 in points, each run's values by hand
+
+def record(folder, micro, macro, depth=None, quartiles=None, relatives=None, **args):
+    """A run's record: test_metrics.json (macro-F1 per depth {1: a, ...} and per quartile [q1 (the
+    rarest), ...] in points) and, given {k: (init, trained)}, relatives.json as similar.py's."""
+    folder.mkdir(parents=True)
+    args = {'data': 'data/debtags', 'arch': 'prompt', 'mix': 'none', 'alpha': 1.0, 'beta': 0.75,
+            'train_fraction': 1.0, 'seed': 0, 'lr': 1e-4, **args}
+    (folder / runs.TEST_METRICS).write_text(json.dumps({
+        'micro_f1': micro / 100, 'macro_f1': macro / 100, 'args': args,
+        'per_depth': {str(d): {'macro_f1': f / 100} for d, f in (depth or {1: macro}).items()},
+        'by_frequency': [{'quartile': q, 'macro_f1': f / 100}
+                         for q, f in enumerate(quartiles or [macro] * 4, 1)]}))
+    if relatives:
+        (folder / similar.RELATIVES).write_text(json.dumps({'relatives_among_nearest': {
+            str(k): {'init': i / 100, 'trained': t / 100} for k, (i, t) in relatives.items()}}))
+    return folder
+
+
+def settings_of(root, name, values, **args):
+    """Runs root/name-s0, -s1, ...: values [(micro, macro, other record arguments)], a seed each."""
+    return [record(root / f'{name}-s{s}', micro, macro, seed=s, **more, **args)
+            for s, (micro, macro, more) in enumerate(values)]
+
+
+@pytest.fixture(scope='module')
+def ablation(tmp_path_factory):
+    """Table 3's seven settings, Fig. 4 at 50% and 10% (none at 25%), Fig. 5's alpha grid at
+    beta 1 (of which alpha 1 is on the beta grid at alpha 1 with + LH-Mix's 0.75), Fig. 6's
+    relatives, Fig. 7's depths and quartiles (each run's slopes in the comments)."""
+    root = tmp_path_factory.mktemp('claims')
+    for name, values, args in [
+        # depth 2 - depth 1: -10, -9, -8; over -quartile: -10 + 0.3 s
+        ('prompt', [(70 + s, 40 + s, {'depth': {1: 50 + s, 2: 40 + 2 * s},
+                                      'quartiles': [30 + 2 * s, 40 + s, 50 + s, 60 + s],
+                                      'relatives': {3: (30, 33 + s), 15: (20, 21 + s)}})
+                    for s in range(3)], {}),
+        # -5, -4, -3; -8 + 0.3 s
+        ('mixup', [(74 + s, 45 + s, {'depth': {1: 51 + s, 2: 46 + 2 * s},
+                                     'quartiles': [34 + 2 * s, 42 + s, 50 + s, 58 + s]})
+                   for s in range(3)], {'mix': 'mixup'}),
+        # 0, 1, 2; -6 + 0.6 s
+        ('lhmix', [(78 + s, 50 + 2 * s, {'depth': {1: 52 + s, 2: 52 + 2 * s},
+                                         'quartiles': [38 + 3 * s, 44 + s, 50 + s, 56 + s],
+                                         'relatives': {3: (30, 40 + 2 * s), 15: (20, 25 + s)}})
+                   for s in range(3)], {'mix': 'lhmix'}),
+        ('half', [(76, 48, {}), (78, 50, {})], {'mix': 'lhmix', 'beta': 0.5}),
+        ('bert', [(66, 36, {}), (68, 38, {})], {'arch': 'bert'}),
+        ('bert-mixup', [(67, 39, {}), (69, 41, {})], {'arch': 'bert', 'mix': 'mixup'}),
+        ('bert-lhmix', [(63, 37, {}), (65, 39, {})], {'arch': 'bert', 'mix': 'lhmix'}),
+        ('prompt-50', [(60, 30, {}), (61, 31, {})], {'train_fraction': 0.5}),
+        ('mixup-50', [(62, 33, {}), (64, 35, {})], {'train_fraction': 0.5, 'mix': 'mixup'}),
+        ('lhmix-50', [(63, 34, {}), (64, 36, {})], {'train_fraction': 0.5, 'mix': 'lhmix'}),
+        ('prompt-10', [(50, 20, {}), (52, 22, {})], {'train_fraction': 0.1}),
+        ('mixup-10', [(51, 30, {}), (53, 32, {})], {'train_fraction': 0.1, 'mix': 'mixup'}),
+        ('lhmix-10', [(52, 44, {}), (56, 48, {})], {'train_fraction': 0.1, 'mix': 'lhmix'}),
+        *[(f'alpha{a:g}', [(70, f, {}), (70, f + 2, {})], {'mix': 'lhmix', 'alpha': a, 'beta': 1.0})
+          for a, f in ((0.1, 50), (1.0, 49), (10.0, 46))]]:
+        settings_of(root, name, values, **args)
+    return root
+
+
+def claims_rows(folders, capsys, *flags):
+    """{claim: (the paper, ours, p, verdict)} of tools/claims.py's table."""
+    claims.main([*map(str, folders), *flags])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2:4] == ['| claim | the paper | ours | p | verdict |',
+                          '| --- | --- | --- | --- | --- |']
+    return {cells[0]: cells[1:] for cells in (line[2:-2].split(' | ') for line in lines[4:])}
+
+
+def welch_cells(*pairs):
+    """The ours and p cells of Welch's tests, pairs of groups (a, b): a − b, scipy's p."""
+    from scipy.stats import ttest_ind
+    return (' / '.join(f'{np.mean(a) - np.mean(b):+.2f}' for a, b in pairs),
+            ' / '.join(f'{ttest_ind(a, b, equal_var=False).pvalue:.2g}' for a, b in pairs))
+
+
+def joined(*cells):
+    """Items' (what, ours, p) as the row's ours and p cells."""
+    return '; '.join(f'{what}: {ours}' for what, ours, _ in cells), '; '.join(p for *_, p in cells)
+
+
+def test_claims_of_table3_and_the_method_by_hand(ablation, capsys):
+    """Means and Welch's p (scipy's) of the runs' micro- and macro-F1; the paper's Table 3 deltas
+    by hand from its LaTeX."""
+    pytest.importorskip('scipy')
+    rows = claims_rows(sorted(ablation.iterdir()), capsys)
+    prompt, mixup, lhmix = ([70, 71, 72], [40, 41, 42]), ([74, 75, 76], [45, 46, 47]), \
+        ([78, 79, 80], [50, 52, 54])
+    bert, bert_mixup, bert_lhmix = ([66, 68], [36, 38]), ([67, 69], [39, 41]), ([63, 65], [37, 39])
+    control = ([76, 78], [48, 50])
+
+    def f1(what, a, b):
+        return (what, *welch_cells(*zip(a, b)))
+    assert rows['Table 3: Prompt above BERT'] == [
+        'Prompt − BERT: WOS +1.31 / +2.30, NYT +1.99 / +4.51, RCV1-V2 +1.46 / +2.80',
+        *joined(f1('Prompt − BERT', prompt, bert)), 'not reproduced']  # p 0.09, 0.09
+    assert rows['Table 3, Prompt: Prompt < + Mixup < + LH-Mix'] == [
+        'Prompt + Mixup − Prompt: WOS +0.19 / +0.45, NYT +0.12 / +0.50, RCV1-V2 +0.34 / +1.57; '
+        'Prompt + LH-Mix − Prompt + Mixup: WOS +0.14 / +0.25, NYT +0.22 / +0.63, RCV1-V2 +0.02 / '
+        '+0.54', *joined(f1('Prompt + Mixup − Prompt', mixup, prompt),
+                         f1('Prompt + LH-Mix − Prompt + Mixup', lhmix, mixup)), 'reproduced']
+    assert rows['Table 3, BERT: BERT < + Mixup < + LH-Mix'] == [
+        'BERT + Mixup − BERT: WOS +0.95 / +1.98, NYT +0.65 / +2.23, RCV1-V2 +0.71 / +0.31; '
+        'BERT + LH-Mix − BERT + Mixup: WOS +0.28 / +0.26, NYT +0.28 / +0.61, RCV1-V2 +0.16 / '
+        '+2.71', *joined(f1('BERT + Mixup − BERT', bert_mixup, bert),
+                         f1('BERT + LH-Mix − BERT + Mixup', bert_lhmix, bert_mixup)),
+        'not reproduced']
+    method = rows['The method (Table 3): mixing at the ratio of local-hierarchy similarity (Eq. 4) '
+                  'beats mixing without it']
+    assert method[1:] == [*joined(
+        f1('Prompt + LH-Mix − Prompt + LH-Mix, λ = 0.5 (control)', lhmix, control),
+        f1('Prompt + LH-Mix − Prompt + Mixup', lhmix, mixup)), 'not reproduced']  # p 0.23, 0.18
+    assert rows['Table 2: LH-Mix above 15 other models, best in 5 of 6 metrics'] == [
+        'LH-Mix: WOS 87.27 / 82.07, NYT 80.57 / 71.26, RCV1-V2 87.47 / 71.93', '', '',
+        'cannot be tested here: the other models and the three data sets are not here']
+
+
+def slope_cells(points):
+    """Least-squares slope of y over x and its two-sided p (t with n - 2 df), by the formulas."""
+    from scipy.stats import t
+    x, y = np.array(points, dtype=float).T
+    sxx = ((x - x.mean()) ** 2).sum()
+    b = ((x - x.mean()) * (y - y.mean())).sum() / sxx
+    resid = y - y.mean() - b * (x - x.mean())
+    se = math.sqrt((resid ** 2).sum() / (len(x) - 2) / sxx)
+    return f'{b:+.2f}', f'{2 * t.sf(abs(b) / se, len(x) - 2):.2g}'
+
+
+def test_claims_of_figs_4_to_7_by_hand(ablation, capsys):
+    """Fig. 4: Welch's tests, and its gap's contrast of four settings with Welch-Satterthwaite's
+    df worked here; Fig. 5: slopes by the formula; Fig. 6: relatives.json's shares; Fig. 7: each
+    run's slopes (in the fixture's comments), then Welch's tests."""
+    stats = pytest.importorskip('scipy.stats')
+    rows = claims_rows(sorted(ablation.iterdir()), capsys)
+    sparse = ('"+Mixup and +LH-Mix continue to perform better than Prompt with the decreasing of '
+              'training samples"')
+    prompt, mixup, lhmix = ([60, 61], [30, 31]), ([62, 64], [33, 35]), ([63, 64], [34, 36])
+    assert rows['Fig. 4, 50% of the training data: + Mixup and + LH-Mix above Prompt'] == [
+        sparse, *joined(('Prompt + Mixup − Prompt', *welch_cells(*zip(mixup, prompt))),
+                        ('Prompt + LH-Mix − Prompt', *welch_cells(*zip(lhmix, prompt)))),
+        'not reproduced']
+    assert rows['Fig. 4, 25% of the training data: + Mixup and + LH-Mix above Prompt'] == [
+        sparse, '', '', 'cannot be tested here: no runs of Prompt + Mixup at --train-fraction '
+        '0.25 given']
+    # The gap, (+ LH-Mix − + Mixup) at 10% − at 100%: micro (54 - 52) - (79 - 75) = -2, variances
+    # of the means 8/2, 2/2, 1/3, 1/3; macro (46 - 31) - (52 - 46) = 9, 8/2, 2/2, 4/3, 1/3
+    micro_df = (17 / 3) ** 2 / (4 ** 2 + 1 + 2 * (1 / 3) ** 2 / 2)  # = 289 / 154
+    macro_df = (20 / 3) ** 2 / (4 ** 2 + 1 + ((4 / 3) ** 2 + (1 / 3) ** 2) / 2)  # = 800 / 323
+    assert (micro_df, macro_df) == pytest.approx((289 / 154, 800 / 323))
+    gap = [2 * stats.t.sf(2 / math.sqrt(17 / 3), micro_df),
+           2 * stats.t.sf(9 / math.sqrt(20 / 3), macro_df)]
+    at_10 = welch_cells(([52, 56], [51, 53]), ([44, 48], [30, 32]))
+    assert rows['Fig. 4: at 10%, + LH-Mix above + Mixup by more than with all the data'][1:] == [
+        *joined(('+ LH-Mix − + Mixup at 10%', *at_10),
+                ('the same at 10% − at 100%', '-2.00 / +9.00', f'{gap[0]:.2g} / {gap[1]:.2g}')),
+        'not reproduced']
+    # Fig. 5: the alpha grid at beta 1 over log10 alpha -1, 0, 1; the beta grid at alpha 1: 0.75
+    # (+ LH-Mix) and 1 (the alpha grid's alpha 1), not 0.5 (the control)
+    alpha = slope_cells([(-1, 50), (-1, 52), (0, 49), (0, 51), (1, 46), (1, 48)])
+    assert rows['Fig. 5: macro-F1 over α at β = 1'][1:] == [
+        f'slope over log10 α: {alpha[0]}', alpha[1], "cannot be tested here: the paper's trend in "
+        'α differs by data set (NYT: rises, then falls; RCV1-V2: falls), which it ascribes to '
+        'their statistics: it claims none for data/debtags']
+    beta = slope_cells([(0.75, 50), (0.75, 52), (0.75, 54), (1, 49), (1, 51)])
+    assert rows['Fig. 5: macro-F1 falls with β at α = 1'][1:] == [
+        f'slope over β: {beta[0]}', beta[1], 'not reproduced']
+    assert beta[0] == '-8.00'  # from 52 at beta 0.75 to 50 at beta 1: -2 over 0.25
+    # Fig. 6: + LH-Mix trained 40, 42, 44 (k 3), 25, 26, 27 (k 15), at initialisation 30 and 20;
+    # Prompt trained 33, 34, 35 and 21, 22, 23
+    fig6 = rows["Fig. 6: after LH-Mix, more of a label's nearest labels (cosine of the label "
+                'embeddings) are its relatives in the tree (parent, children, siblings)']
+    # against one value, Welch's test is Student's of one sample: k 3: t = 12 / sqrt(4 / 3),
+    # k 15: t = 6 / sqrt(1 / 3), 2 df
+    at_init = [2 * stats.t.sf(12 / math.sqrt(4 / 3), 2), 2 * stats.t.sf(6 / math.sqrt(1 / 3), 2)]
+    assert fig6[1:] == [*joined(
+        ('+ LH-Mix trained − at initialisation, k 3 / 15', '+12.00 / +6.00',
+         f'{at_init[0]:.2g} / {at_init[1]:.2g}'),
+        ('+ LH-Mix − Prompt, both trained, k 3 / 15',
+         *welch_cells(([40, 42, 44], [33, 34, 35]), ([25, 26, 27], [21, 22, 23])))),
+        'reproduced']
+    # Fig. 7: the slopes per run, and macro-F1 per depth and quartile
+    slopes = {'depth': ([-10, -9, -8], [-5, -4, -3], [0, 1, 2]),
+              'quartile toward the rarer': ([-10, -9.7, -9.4], [-8, -7.7, -7.4], [-6, -5.4, -4.8])}
+    for (part, (p, m, lh)), row in zip(slopes.items(), ('with depth', 'as labels get rarer')):
+        assert rows[f'Fig. 7: the gains over Prompt grow {row}'][1:] == [*joined(
+            (f'+ Mixup − Prompt, slope per {part}', *welch_cells((m, p))),
+            (f'+ LH-Mix − Prompt, slope per {part}', *welch_cells((lh, p)))), 'reproduced']
+    lhmix_depth, mixup_depth = ([52, 53, 54], [52, 54, 56]), ([51, 52, 53], [46, 48, 50])
+    lhmix_q, mixup_q = ([38, 41, 44], [44, 45, 46], [50, 51, 52], [56, 57, 58]), \
+        ([34, 36, 38], [42, 43, 44], [50, 51, 52], [58, 59, 60])
+    assert rows["Fig. 7: + LH-Mix's gain above + Mixup's"][1:] == [*joined(
+        ('+ LH-Mix − + Mixup per depth', *welch_cells(*zip(lhmix_depth, mixup_depth))),
+        ('+ LH-Mix − + Mixup per quartile, rarest first', *welch_cells(*zip(lhmix_q, mixup_q)))),
+        'not reproduced']
+
+
+@pytest.mark.parametrize('data, grid, verdict', [
+    # RCV1-V2: a fall over the whole grid
+    ('rcv1', [(0.1, 50), (0.1, 51), (1.0, 48), (1.0, 49), (10.0, 45), (10.0, 47)], 'reproduced'),
+    ('rcv1', [(0.1, 50), (0.1, 51), (1.0, 52), (1.0, 49), (10.0, 45), (10.0, 54)],
+     'not reproduced'),
+    # NYT: up to the grid's middle alpha (0.3 of 0.1, 0.3, 3, 10; 1 of five), then down
+    ('nyt', [(0.1, 40), (0.1, 41), (0.3, 44), (0.3, 45), (3.0, 42), (3.0, 43), (10.0, 38),
+             (10.0, 39)], 'reproduced'),
+    ('nyt', [(0.1, 40), (0.3, 41), (1.0, 44), (3.0, 45), (10.0, 46)], 'not reproduced'),
+])
+def test_claims_of_the_trend_in_alpha_per_data_set(tmp_path, capsys, data, grid, verdict):
+    pytest.importorskip('scipy')
+    folders = [record(tmp_path / f'a{i}', 70, f, seed=i, data=data, mix='lhmix', alpha=a,
+                      beta=1.0) for i, (a, f) in enumerate(grid)]
+    row = claims_rows(folders, capsys)['Fig. 5: macro-F1 over α at β = 1']
+    points = [(math.log10(a), f) for a, f in grid]
+    if data == 'rcv1':
+        assert row[1:] == ['slope over log10 α: {}'.format(*slope_cells(points)),
+                           slope_cells(points)[1], verdict]
+    else:
+        alphas = sorted({a for a, _ in grid})
+        middle = alphas[(len(alphas) - 1) // 2]
+        assert middle == {4: 0.3, 5: 1.0}[len(alphas)]
+        up, down = (slope_cells([(math.log10(a), f) for a, f in grid if keep(a)])
+                    for keep in (lambda a: a <= middle, lambda a: a >= middle))
+        assert row[1:] == [f'slope over log10 α, α ≤ {middle:g}: {up[0]}; slope over log10 α, '
+                           f'α ≥ {middle:g}: {down[0]}', f'{up[1]}; {down[1]}', verdict]
+
+
+def test_claims_name_what_is_missing_and_refuse_what_is_not_one_study(ablation, tmp_path,
+                                                                      capsys, monkeypatch):
+    pytest.importorskip('scipy')
+    # One run of BERT, a run of Prompt without relatives.json, NYT's alpha grid too coarse
+    root = tmp_path / 'runs'
+    for name in ('prompt-s0', 'prompt-s1', 'prompt-s2', 'lhmix-s0', 'lhmix-s1', 'bert-s0',
+                 'mixup-s0', 'mixup-s1'):
+        shutil.copytree(ablation / name, root / name)
+    (root / 'prompt-s1' / similar.RELATIVES).unlink()
+    for i, a in enumerate((0.1, 1.0, 10.0)):
+        record(root / f'alpha{a:g}', 70, 50, seed=i, mix='lhmix', alpha=a, beta=1.0)
+    folders = sorted(root.iterdir())
+    rows = claims_rows(folders, capsys)
+    assert claims_rows(folders[::-1], capsys) == rows  # the order given does not matter
+    verdicts = {claim: row[3] for claim, row in rows.items()}
+    assert verdicts['Table 3: Prompt above BERT'] == (
+        "cannot be tested here: one run of BERT: Welch's test needs two or more")
+    assert verdicts['Table 3, BERT: BERT < + Mixup < + LH-Mix'] == (
+        'cannot be tested here: no runs of BERT + Mixup given')
+    assert verdicts['Fig. 4, 10% of the training data: + Mixup and + LH-Mix above Prompt'] == (
+        'cannot be tested here: no runs of Prompt + Mixup at --train-fraction 0.1 given')
+    beta = 'Fig. 5: macro-F1 falls with β at α = 1'
+    assert rows[beta][1:3] == ['slope over β: {}'.format(*slope_cells([(0.75, 50), (0.75, 52),
+                                                                       (1, 50)])),
+                               slope_cells([(0.75, 50), (0.75, 52), (1, 50)])[1]]
+    assert next(v for c, v in verdicts.items() if c.startswith('Fig. 6')) == (
+        'cannot be tested here: 1 of the 3 runs of Prompt have no relatives.json '
+        '(tools/similar.py --all-labels --out RUN/relatives.json)')
+    assert verdicts['Table 3, Prompt: Prompt < + Mixup < + LH-Mix'] == 'not reproduced'
+    for name in ('lhmix-s0', 'lhmix-s1'):  # at + LH-Mix's --alpha and --beta, given
+        (root / name / runs.TEST_METRICS).write_text(
+            (root / name / runs.TEST_METRICS).read_text().replace('"beta": 0.75', '"beta": 0.9'))
+    at_09 = claims_rows(folders, capsys, '--beta', '0.9')
+    assert at_09.pop(beta)[1] == 'slope over β: {}'.format(*slope_cells([(0.9, 50), (0.9, 52),
+                                                                         (1, 50)]))
+    assert at_09 == {c: [cell.replace('--beta 0.75', '--beta 0.9') for cell in row]
+                     for c, row in rows.items() if c != beta}
+    assert claims_rows(folders, capsys)['Table 3, Prompt: Prompt < + Mixup < + LH-Mix'][3] == (
+        'cannot be tested here: no runs of Prompt + LH-Mix (--alpha 1 --beta 0.75) given')
+    # NYT's rise, then fall: alpha 0.1 and 1 below the middle (1), one run each
+    nyt = [record(tmp_path / 'nyt' / f'{i}', 70, 50, seed=i, data='nyt', mix='lhmix', alpha=a,
+                  beta=1.0) for i, a in enumerate((0.1, 1.0, 10.0, 10.0))]
+    rows = claims_rows(nyt, capsys)
+    assert rows['Fig. 5: macro-F1 over α at β = 1'][1:] == [
+        '', '', "cannot be tested here: a rise, then a fall needs runs at two or more --alpha on "
+        "each side of the grid's middle, three runs or more a side"]
+    assert rows[beta][1:] == ['', '', 'cannot be tested here: Fig. 5 needs Prompt + LH-Mix runs '
+                              'at --alpha 1 and two or more --beta, three runs or more']
+    # a hierarchy of one depth
+    flat = [f for mix in ('none', 'mixup', 'lhmix') for f in settings_of(
+        tmp_path / 'flat', mix, [(70, 50 + s, {}) for s in range(2)], mix=mix)]
+    assert claims_rows(flat, capsys)['Fig. 7: the gains over Prompt grow with depth'][1:] == [
+        '', '', 'cannot be tested here: the data has one depth']
+    # refused: runs of two protocols, a damaged relatives.json, no scipy
+    record(tmp_path / 'other' / 'lr', 70, 50, lr=3e-5)
+    assert error_of(lambda: claims.main([*map(str, folders), str(tmp_path / 'other' / 'lr')])) == (
+        'error: the runs differ in --lr (0.0001, 3e-05): the claims compare the settings of one '
+        'data set and one protocol; give those runs only')
+    (root / 'prompt-s1' / similar.RELATIVES).write_text('{"relatives_among_nearest": {"3": 1}}')
+    assert error_of(lambda: claims.main([*map(str, folders), '--beta', '0.9'])) == (
+        f'error: {root}/prompt-s1/relatives.json: not tools/similar.py --all-labels output '
+        "(TypeError(\"'int' object is not subscriptable\"))")
+    monkeypatch.setitem(sys.modules, 'scipy.stats', None)  # as if scipy were not installed
+    assert error_of(lambda: claims.main(map(str, folders))) == (
+        'error: tools/claims.py needs scipy: pip install scipy')

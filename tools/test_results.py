@@ -1,0 +1,153 @@
+"""RESULTS.md against the tools that printed its tables.
+
+The convention: text that a tool printed (a table of tools/summary.py, tools/claims.py) follows a
+marker, a line of its own
+
+    <!-- python tools/NAME.py ARG ... -->
+
+then one blank line, then the command's stdout verbatim, then a blank line or the end of the file.
+The command runs from the folder of RESULTS.md (the repository root) with the Python running the
+tests; its arguments are split as a shell splits them, and a glob among them expands to what it
+matches, in sorted order. Each glob must match and each argument naming a path (holding a '/')
+must exist: the records the tables come from are in the repository (tools/records/). To update a
+table, run its command from the repository root and put its output after the marker.
+"""
+import glob
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MARKER = re.compile(r'<!-- python (tools/\w+\.py(?: .*)?) -->')
+
+
+def expand(arg, root):
+    """What an argument names, as a shell expands it in `root`: a glob's matches, sorted; a path
+    (an argument holding a '/') if it exists; any other argument as it is. [] if nothing."""
+    if re.search(r'[*?[]', arg):
+        return sorted(glob.glob(arg, root_dir=root))
+    return [arg] if '/' not in arg or os.path.exists(os.path.join(root, arg)) else []
+
+
+def check(path):
+    """Each problem of the markers in the file `path`: a marker not of the convention's form, its
+    records missing, its command failing, or its output not the text after it."""
+    root, name = os.path.dirname(os.path.abspath(path)), os.path.basename(path)
+    with open(path, encoding='utf-8') as f:
+        lines = f.read().split('\n')
+    problems = []
+    for i, line in enumerate(lines):
+        if not line.startswith('<!-- python'):
+            continue
+        at, m = f'{name}:{i + 1}', MARKER.fullmatch(line)
+        if not m:
+            problems.append(f'{at}: a marker is `<!-- python tools/NAME.py ARG ... -->`, alone on '
+                            'its line')
+            continue
+        if lines[i + 1:i + 2] != ['']:
+            problems.append(f'{at}: a blank line must follow the marker')
+            continue
+        command, args = f'python {m.group(1)}', shlex.split(m.group(1))
+        missing = [arg for arg in args if not expand(arg, root)]
+        if missing:
+            problems.append(f'{at}: {missing[0]} names no records (in {root})')
+            continue
+        argv = [x for arg in args for x in expand(arg, root)]
+        p = subprocess.run([sys.executable, *argv], cwd=root, capture_output=True, text=True,
+                           timeout=600, env={**os.environ, 'HF_HUB_OFFLINE': '1'})
+        if p.returncode:
+            problems.append(f'{at}: `{command}` failed (exit {p.returncode}): '
+                            + p.stderr.strip().split('\n')[-1])
+            continue
+        out = p.stdout.removesuffix('\n').split('\n')
+        todo = f'; run `{command}` in {root} and put its output after the marker'
+        text = lines[i + 2:i + 2 + len(out)] + [None] * len(out)  # None: past the file's end
+        j = next((j for j, o in enumerate(out) if text[j] != o), None)
+        if j is not None:
+            problems.append(f'{name}:{i + 3 + j}: `{command}` prints {out[j]!r} where '
+                            + (f'{name} has {text[j]!r}' if text[j] is not None else
+                               f'{name} ends') + todo)
+        elif lines[i + 2 + len(out):i + 3 + len(out)] not in ([], ['']):
+            problems.append(f'{name}:{i + 3 + len(out)}: {lines[i + 2 + len(out)]!r} follows '
+                            f'the output of `{command}`, where a blank line or the end of the '
+                            'file must' + todo)
+    return problems
+
+
+def test_results_md_matches_the_tools_that_printed_it():
+    problems = check(os.path.join(ROOT, 'RESULTS.md'))
+    assert not problems, '\n'.join(problems)
+
+
+# The checker, on a fabricated tool (tools/show.py prints a row per record: its name and value)
+# and records; RESULTS lines by hand.
+SHOW = """import sys
+for record in sys.argv[1:]:
+    print(f'| {record} | {open(record + "/value.txt").read().strip()} |')
+"""
+RESULTS = ['# Results', '', 'The values:', '<!-- python tools/show.py records/r* -->', '',
+           '| records/r1 | one |', '| records/r10 | ten |', '| records/r2 | two |', '',
+           '<!-- not a marker -->', 'The end.', '']
+
+
+@pytest.fixture
+def fabricated(tmp_path):
+    (tmp_path / 'tools').mkdir()
+    (tmp_path / 'tools' / 'show.py').write_text(SHOW)
+    for name, value in (('r1', 'one'), ('r2', 'two'), ('r10', 'ten')):
+        (tmp_path / 'records' / name).mkdir(parents=True)
+        (tmp_path / 'records' / name / 'value.txt').write_text(value + '\n')
+
+    def check_lines(lines):
+        (tmp_path / 'RESULTS.md').write_text('\n'.join(lines))
+        return check(str(tmp_path / 'RESULTS.md'))
+    return check_lines
+
+
+def test_the_output_after_each_marker_passes_and_no_marker_passes(fabricated):
+    assert fabricated(RESULTS) == []
+    assert fabricated(RESULTS[:-1]) == []  # no newline at the end of the file
+    assert fabricated(RESULTS[:8]) == []   # the output ends the file
+    assert fabricated(RESULTS[:3] + RESULTS[9:]) == []  # no marker at all
+    # two markers, one a path, the other quoted
+    assert fabricated(RESULTS + ['<!-- python tools/show.py "records/r2" -->', '',
+                                 '| records/r2 | two |']) == []
+
+
+@pytest.mark.parametrize('edit, problem', [
+    ({6: '| records/r10 | 10 |'}, "RESULTS.md:7: `python tools/show.py records/r*` prints "
+     "'| records/r10 | ten |' where RESULTS.md has '| records/r10 | 10 |'; run `python "
+     "tools/show.py records/r*` in ROOT and put its output after the marker"),
+    ({8: '| records/r3 | three |'}, "RESULTS.md:9: '| records/r3 | three |' follows the output "
+     "of `python tools/show.py records/r*`, where a blank line or the end of the file must; run "
+     "`python tools/show.py records/r*` in ROOT and put its output after the marker"),
+    ({4: None}, 'RESULTS.md:4: a blank line must follow the marker'),
+    ({3: '<!-- python tools/show.py records/r[12]/ -->'}, 'RESULTS.md:6: `python tools/show.py '
+     "records/r[12]/` prints '| records/r1/ | one |' where RESULTS.md has '| records/r1 | one |';"
+     ' run `python tools/show.py records/r[12]/` in ROOT and put its output after the marker'),
+    ({3: '<!-- python tools/show.py records/s* -->'}, 'RESULTS.md:4: records/s* names no records '
+     '(in ROOT)'),
+    ({3: '<!-- python tools/show.py records/r3 -->'}, 'RESULTS.md:4: records/r3 names no records '
+     '(in ROOT)'),
+    ({3: '<!-- python tools/show.py nothing -->'}, 'RESULTS.md:4: `python tools/show.py nothing` '
+     "failed (exit 1): FileNotFoundError: [Errno 2] No such file or directory: "
+     "'nothing/value.txt'"),
+    ({3: '<!-- python show.py records/r* -->'}, 'RESULTS.md:4: a marker is `<!-- python '
+     'tools/NAME.py ARG ... -->`, alone on its line'),
+])
+def test_a_marker_whose_text_or_records_differ_is_named_with_its_line(fabricated, tmp_path,
+                                                                      edit, problem):
+    lines = [edit.get(i, line) for i, line in enumerate(RESULTS)]
+    assert fabricated([line for line in lines if line is not None]) == [
+        problem.replace('ROOT', str(tmp_path))]
+
+
+def test_a_shorter_file_names_where_it_ends(fabricated, tmp_path):
+    assert fabricated(RESULTS[:7]) == [
+        "RESULTS.md:8: `python tools/show.py records/r*` prints '| records/r2 | two |' where "
+        f'RESULTS.md ends; run `python tools/show.py records/r*` in {tmp_path} and put its output '
+        'after the marker']
