@@ -1,6 +1,6 @@
 """The README's examples for a new user, run as written: its own-data example (a taxonomy and a
-training file, written out in the README, then its shell commands), in a temporary copy of the
-repository's folder."""
+training file, written out in the README, then its shell commands) and its checkpoint example,
+saved as a file in the repository's folder. Each runs in a temporary copy of that folder."""
 import os
 import re
 import shutil
@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
+import data
+import lhmix
 import runs
 
 HERE = Path(__file__).parent
@@ -61,3 +65,32 @@ def test_the_own_data_example_runs_as_written(tmp_path):
                                    [1, 1, 2, 2, 2])
     assert [h.labels[p] for p in h.parent[2:]] == ['CS', 'Math', 'Math']
 
+
+def test_the_checkpoint_example_runs_as_a_file_in_the_repository_folder(tmp_path):
+    """The example saved under the README's name beside the modules, with a demo checkpoint whose
+    label biases (+-20, far beyond its scores) predict science, physics, optics, arts and no
+    other; and the same file elsewhere, where Python finds no evaluate.py."""
+    text = section('Using lhmix.py in another project')
+    name = re.search(r'save this as `(\w+\.py)`', text)[1]
+    block, = [b for b in re.findall(r'```python\n(.*?)```', text, re.S) if 'load_checkpoint' in b]
+    env = repository(tmp_path)
+    h, splits = data.load_demo()
+    mlm, tokenizer = data.tiny_bert([t for t, _ in splits['train']] + h.names)
+    model = lhmix.build_model(mlm, tokenizer, h, 'prompt', max_length=128)
+    with torch.no_grad():
+        model.label_bias.fill_(-20.0)
+        model.label_bias[[h.index[v] for v in ('science', 'physics', 'optics', 'arts')]] = 20.0
+    runs.save_checkpoint(str(tmp_path / 'out' / 'demo-prompt-lhmix-s0' / 'best'), model,
+                         tokenizer, {})
+    (tmp_path / name).write_text(block, 'utf-8')
+    out = subprocess.run([sys.executable, name], cwd=tmp_path, env=env, text=True,
+                         capture_output=True, timeout=300)
+    assert (out.returncode, out.stdout) == (0, "[['science', 'physics', 'optics'], ['arts']]\n"), \
+        out.stderr
+    elsewhere = tmp_path / 'elsewhere'
+    elsewhere.mkdir()
+    shutil.copy(tmp_path / name, elsewhere)
+    out = subprocess.run([sys.executable, name], cwd=elsewhere, env=env, text=True,
+                         capture_output=True, timeout=300)
+    assert out.returncode == 1
+    assert out.stderr.splitlines()[-1] == "ModuleNotFoundError: No module named 'evaluate'"
