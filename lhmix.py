@@ -115,11 +115,11 @@ class LHMix(nn.Module):
         adapt_encoder(mlm, self.slot_id + 1)
         # The MLM head's transform (dense, activation, LayerNorm) is the classifier of Eq. 1's
         # f^d, and the label tokens' embeddings are its verbalizer.
-        self.transform = mlm.cls.predictions.transform
+        self.transform = mlm.cls.predictions.transform  # Eq. 1: f^d's classifier
         if arch == 'prompt':
             self.prefix = template(D, special['cls'], special['sep'], self.depth_ids, self.slot_id)
             self.label_bias = nn.Parameter(torch.zeros(V))
-            valid = torch.arange(1, D + 1)[:, None] == torch.tensor(hierarchy.depth)
+            valid = torch.arange(1, D + 1)[:, None] == torch.tensor(hierarchy.depth)  # Eq. 1: V^d
         else:
             self.prefix = [special['cls']]
             self.dropout = nn.Dropout(mlm.config.hidden_dropout_prob)
@@ -172,7 +172,7 @@ class LHMix(nn.Module):
         """Eq. 1's scores p^d (B, slots, V); only the `valid` labels of each slot mean anything."""
         if self.arch == 'bert':
             return self.classifier(self.dropout(slot_hidden))
-        verbalizer = self.label_embeddings().t()
+        verbalizer = self.label_embeddings().t()  # Eq. 1
         return self.transform(slot_hidden) @ verbalizer + self.label_bias  # Eq. 1
 
     def loss(self, scores, targets):
@@ -181,7 +181,7 @@ class LHMix(nn.Module):
         if self.arch == 'bert':
             return F.binary_cross_entropy_with_logits(
                 scores.float(), targets.float(), reduction='none').mean(-1)
-        return zmlce(scores, targets, self.valid)
+        return zmlce(scores, targets, self.valid)  # Eq. 2, over V^d
 
     def mlm_loss(self, hidden, positions, labels):
         """HPT's auxiliary MLM loss. The head runs at the masked positions only: its projection
@@ -199,7 +199,7 @@ class LHMix(nn.Module):
         label is predicted when its score is above 0 (Sec. 3)."""
         hidden = self.encode(input_ids, attention_mask)
         scores = self.score(self.slots(hidden, starts))
-        return scores.masked_fill(~self.valid, -math.inf).amax(1).float()
+        return scores.masked_fill(~self.valid, -math.inf).amax(1).float()  # Eq. 1: p^d over V^d
 
 
 def build_model(mlm, tokenizer, hierarchy, arch, max_length=512):
@@ -235,13 +235,13 @@ def plain_zmlce(scores, targets, valid=None):
     labels outside `valid` enter as -inf, so that the loss stays finite at any score."""
     s = scores.to(torch.promote_types(scores.dtype, torch.float32))
     pos = targets.bool()
-    x = torch.where(pos, -s, s)
+    x = torch.where(pos, -s, s)  # Eq. 2
     if valid is not None:
         x = x.masked_fill(~valid, -math.inf)
     zero = x.new_zeros(x.shape[:-1] + (1,))
     negatives = torch.logsumexp(torch.cat([x.masked_fill(pos, -math.inf), zero], -1), -1)
     positives = torch.logsumexp(torch.cat([x.masked_fill(~pos, -math.inf), zero], -1), -1)
-    return negatives + positives  # Eq. 2; autograd gives its gradient, Eq. 8
+    return negatives + positives  # Eq. 2 (autograd gives its gradient)
 
 
 # Sec. 4: local hierarchies (Sec. 4.1, Eq. 3), the mixing ratio (Eq. 4), Mixup (Eqs. 5-7)
@@ -272,7 +272,7 @@ def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
     for i in range(0, len(seqs), batch_size):
         b = layout(seqs[i:i + batch_size], model.special['pad'], 1)
         ids, mask = b['input_ids'].to(device), b['attention_mask'].to(device)
-        out.append(model.encode(ids, mask)[:, 0].float())
+        out.append(model.encode(ids, mask)[:, 0].float())  # Eq. 3's h_[CLS]
     model.train(was_training)
     index = {k: i for i, k in enumerate(distinct)}
     return torch.cat(out), torch.tensor([index[k] for k in keys])
@@ -346,7 +346,7 @@ def training_loss(model, input_ids, starts, targets, attention_mask=None, positi
     else:  # Each pair by its own lambda, not by the batch's mean lambda as the authors' code.
         w = lam.float()[:, None]
         loss = w * model.loss(p, t) + (1 - w) * model.loss(p, t[partner])  # Eq. 7
-    loss = loss.sum(-1).mean()
+    loss = loss.sum(-1).mean()  # Eqs. 2 and 7, summed over the depths
     if mlm_pos is not None:
         loss = loss + model.mlm_loss(hidden, mlm_pos, mlm_labels)
     return loss, lam
@@ -584,14 +584,14 @@ if triton is not None:
         s = tl.load(S + at, mask=ok, other=0.0).to(tl.float32)
         pos = tl.load(T + at, mask=ok, other=0) != 0
         valid = tl.load(VALID + at, mask=ok, other=0) != 0
-        x = tl.where(valid, tl.where(pos, -s, s), float('-inf'))
+        x = tl.where(valid, tl.where(pos, -s, s), float('-inf'))  # Eq. 2
         x_pos, x_neg = tl.where(pos, x, float('-inf')), tl.where(pos, float('-inf'), x)
         m_pos, m_neg = tl.maximum(tl.max(x_pos, 0), 0.0), tl.maximum(tl.max(x_neg, 0), 0.0)
         lse_pos = m_pos + tl.log(tl.exp(-m_pos) + tl.sum(tl.exp(x_pos - m_pos), 0))
         lse_neg = m_neg + tl.log(tl.exp(-m_neg) + tl.sum(tl.exp(x_neg - m_neg), 0))
         tl.store(LOSS + i, lse_pos + lse_neg)  # Eq. 2
         grad = tl.exp(x - tl.where(pos, lse_pos, lse_neg))  # Eq. 8; 0 outside the valid labels
-        tl.store(GRAD + at, tl.where(pos, -grad, grad), mask=ok)
+        tl.store(GRAD + at, tl.where(pos, -grad, grad), mask=ok)  # Eq. 8: - for a positive label
 
 
 def _flat(x, shape):
@@ -622,4 +622,4 @@ class FusedZMLCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         grad, = ctx.saved_tensors
-        return (grad * g.unsqueeze(-1)).to(ctx.dtype), None, None
+        return (grad * g.unsqueeze(-1)).to(ctx.dtype), None, None  # Eq. 8: g holds lambda

@@ -1,15 +1,21 @@
-"""Writes PAPER.md: each equation of the paper, what it does, and the lines of lhmix.py that
-compute it, found by lhmix.py's own tags. Run it again whenever a tagged line of lhmix.py or the
-README's list of differences changes (tools/test_paper.py fails until PAPER.md matches):
+"""Writes PAPER.md: the paper's Eqs. 1-8, the two sequences it displays and the two training steps
+it gives in words, in its order, each beside the lines that compute it. Run it again whenever a
+shown line moves or changes, or the README's list of differences changes (tools/test_paper.py
+fails until PAPER.md matches):
 
     python tools/paper.py
 
-A tag is `Eq. N` (singular "Eq.", one number) in a comment that trails code on its line; one
-comment may hold several (`# Eq. 1 / Eq. 6: p~ = f(h~)` tags Eqs. 1 and 6). A summary such as
-`Eqs. 2-7`, a comment on a line of its own and a docstring are not tags. The page shows the
-whole statement that holds a tagged line (of a compound statement, the header alone), verbatim,
-linked to its lines. Each bullet of the README's list of differences that starts with a bold
-title and names `Eq. N` the same way is pointed to from Eq. N.
+The equations' lines are found by lhmix.py's tags. A tag is `Eq. N`, or `Eqs. N and M` (`Eqs. N,
+M and K`), in a comment that trails code on its line; one comment may hold several (`# Eq. 1 /
+Eq. 6: ...` tags Eqs. 1 and 6). A range such as `Eqs. 2-7` is a summary, not a tag, and neither is
+a comment on a line of its own or a docstring. The page shows the whole statement that holds a
+tagged line (of a compound statement, the header alone), verbatim, linked to its lines. Two tags
+of one equation on statements of one block, at most 8 lines apart, show as one block with the
+statements between: so a tag on a short block's first and last statements covers the block. The
+sequences' and steps' lines are those that ITEMS names, a definition or one statement in it.
+Each bullet of the README's list of differences starts with an anchor and a bold title,
+`- <a id="NAME"></a>**Title.**`; one that names `Eq. N` as a tag would is linked from Eq. N, and
+ITEMS link bullets by their anchors.
 """
 import ast
 import io
@@ -19,47 +25,42 @@ import sys
 import tokenize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TAG = re.compile(r'\bEq\. (\d+)\b(?!-)')
+TAG = re.compile(r'\bEqs?\. (\d+(?:(?:, | and )\d+)*)\b(?!-)')
+BLOCK = 8  # the most lines from one tagged statement to the next that show as one block
 DIFFERENCES = "Where this differs from the authors' code, and why"  # the README's section
-# GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens.
-DIFFERENCES_LINK = 'README.md#' + re.sub(r'[^\w\- ]', '', DIFFERENCES.lower()).replace(' ', '-')
+BULLET = re.compile(r'^- (?:<a id="([\w-]+)"></a>)?\*\*(.+?)\*\*(.*?)(?=^\S|\Z)', re.M | re.S)
 
-# The paper's Eqs. 1-8, in its order: the subsection that holds each, the LaTeX of its equation
-# environment line by line (whitespace aside, as the paper writes it; its \label left out), and
-# what it does. GitHub renders a ```math block; a $$ block would lose \| and \{.
+# The paper's Eqs. 1-8, in its order: the subsection that holds each, and the LaTeX of its equation
+# environment line by line (whitespace aside, as the paper writes it; its \label left out). GitHub
+# renders a ```math block; a $$ block would lose \| and \{.
 EQUATIONS = {
     1: ('3.2 Hierarchical Prompt for HTC', (
         r'\mathbf{p}^d=f_{\mathcal{V}^d}^d(\mathbf{h}_{\texttt{[MASK]}}^d),',
-    ), "The verbalizer: the hidden state at depth d's slot (`[P]` here, the paper's `[MASK]`) "
-       'scores the labels of depth d.'),
+    )),
     2: ('3.2 Hierarchical Prompt for HTC', (
         r'\mathcal{L}^d (\mathbf{p}^d, \mathcal{V}^d_{pos}, \mathcal{V}^d_{neg})'
         r' = \log (1+\sum_{v \in \mathcal{V}^d_{neg}}e^{\mathbf{p}^d_{\cdot v}})'
         r' + \log (1+\sum_{v \in \mathcal{V}^d_{pos}}e^{-\mathbf{p}^d_{\cdot v}}),',
-    ), "ZMLCE, depth d's loss: it pushes the scores of positive labels above 0 and those of "
-       'negative labels below 0.'),
+    )),
     3: ('4.1 Local Hierarchy Correlation', (
         r'\begin{aligned}',
         r'    s & = 0.5\left(\frac{\mathbf{h}_{i\texttt{[CLS]}} \cdot \mathbf{h}_{j\texttt{[CLS]}}}'
         r'{\|\mathbf{h}_{i\texttt{[CLS]}}\| \|\mathbf{h}_{j\texttt{[CLS]}}\|} + 1\right),',
         r'\end{aligned}',
-    ), "The similarity of two texts' local hierarchies, from their [CLS] states in the frozen "
-       'encoder: their cosine, mapped to [0, 1].'),
+    )),
     4: ('4.2 Local Hierarchy Correlation Guided Mixup Ratio', (
         r'\lambda = -(\beta - 0.5)s^\alpha + \beta,',
-    ), 'The Mixup ratio: the more similar two local hierarchies, the nearer lambda is to 0.5 '
-       '(the more they mix); beta is its upper bound, alpha shapes the curve.'),
+    )),
     5: ('4.3 Local Hierarchy Mixup', (
         r'\begin{aligned}',
         r'    \widetilde{\mathbf{h}}^d_{\texttt{[MASK]}} = \lambda \mathbf{h}^d_{i\texttt{[MASK]}}'
         r' + (1 - \lambda) \mathbf{h}^d_{j\texttt{[MASK]}}.',
         r'\end{aligned}',
-    ), "Mixup: at each depth, a text's slot state and its partner's, mixed by the pair's "
-       'lambda.'),
+    )),
     6: ('4.3 Local Hierarchy Mixup', (
         r'\widetilde{\mathbf{p}}^d'
         r' = f_{\mathcal{V}^d}^d(\widetilde{\mathbf{h}}^d_{\texttt{[MASK]}}).',
-    ), "Eq. 1's verbalizer scores the mixed slot states."),
+    )),
     7: ('4.3 Local Hierarchy Mixup', (
         r'\begin{aligned}',
         r'    & \widetilde{\mathcal{L}}^d (\lambda, \widetilde{\mathbf{p}}^d,'
@@ -69,8 +70,7 @@ EQUATIONS = {
         r' \mathcal{V}^d_{i, neg}) + (1 - \lambda) \mathcal{L}^d_j (\widetilde{\mathbf{p}}^d,'
         r' \mathcal{V}^d_{j, pos}, \mathcal{V}^d_{j, neg}).',
         r'\end{aligned}',
-    ), "Loss mixing: the mixed scores' ZMLCE against each text's own labels, weighted by "
-       'lambda and 1 - lambda.'),
+    )),
     8: ('4.3 Local Hierarchy Mixup', (
         r'\begin{aligned}',
         r'    & \nabla_\theta \biggl(\lambda \biggl('
@@ -92,89 +92,275 @@ EQUATIONS = {
         r' - \frac{\sum_{v \in \mathcal{V}^d_{j, pos}}e^{-\widetilde{\mathbf{p}}^d_{\cdot v}}}'
         r'{1 + \sum_{v \in \mathcal{V}^d_{j, pos}}e^{-\widetilde{\mathbf{p}}^d_{\cdot v}}})',
         r'\end{aligned}',
-    ), "Eq. 7's gradient, a lambda-weighted sum of the two texts' ZMLCE gradients: torch's "
-       'autograd computes it, and on CUDA the fused kernel.'),
+    )),
 }
+
+# What each equation does and which shown line computes which term; then, where --arch bert
+# (Table 3's flat BERT) computes something else on those lines, what.
+ABOUT = {
+    1: ("The verbalizer. At depth d's slot (`[P]` here, the paper's `[MASK]`), f^d is the MLM "
+        "head's transform (the classifier trained through the MLM task), then a product with the "
+        'label tokens\' embeddings (the verbalizer) plus a label bias. Row d of `valid` keeps to '
+        "slot d the labels of depth d, V^d: the loss reads it (Eq. 2), and so does prediction, "
+        "which takes each label's score from its own depth's slot.",
+        "Under `--arch bert`, `LHMix.score` scores every label from [CLS] with HGCLR's linear "
+        'layer instead, and `valid` is one row of all labels.'),
+    2: ("ZMLCE, depth d's loss: it pushes the scores of positive labels above 0 and those of "
+        'negative labels below 0. Each log(1 + sum) is a log-sum-exp with a 0 for its 1 (`zero`; '
+        "in the kernel, `exp(-m)` after the shift by m): `negatives` and `lse_neg` are the first "
+        'term, `positives` and `lse_pos` the second (x is -p for a positive label), over the '
+        '`valid` labels only. The paper does not say how the depths\' losses combine: here they '
+        'are summed (ours), and the documents averaged.',
+        "Under `--arch bert`, `model.loss` is HGCLR's binary cross-entropy, averaged over the "
+        "labels (`LHMix.loss`'s other branch), not Eq. 2."),
+    3: ("The similarity of two texts' local hierarchies: the [CLS] states of their sequences "
+        '(Sec. 4.1\'s, above), encoded once before training, in eval mode, by the encoder as it '
+        'starts, so that it "remains unaffected by gradient updates"; their cosine, mapped to '
+        '[0, 1]. `pair_ratios` takes text i\'s row and its Mixup partner j\'s.',
+        None),
+    4: ('The Mixup ratio: the more similar two local hierarchies, the nearer lambda is to 0.5 '
+        '(the more they mix); beta is its upper bound, alpha shapes the curve.',
+        None),
+    5: ("Mixup: at each depth, a text's slot state and its partner's, mixed by the pair's "
+        'lambda.',
+        "Under `--arch bert`, the states mixed are the two texts' [CLS] states, the flat BERT's "
+        'one slot (ours: the paper does not say which states its BERT + Mixup rows mix).'),
+    6: ("Eq. 1's verbalizer scores the mixed slot states.",
+        "Under `--arch bert`, `model.score` is HGCLR's linear layer on the mixed [CLS] state."),
+    7: ("Loss mixing: the mixed scores' ZMLCE against each text's own labels, weighted by "
+        'lambda and 1 - lambda, each pair by its own lambda.',
+        "Under `--arch bert`, the two losses mixed are HGCLR's binary cross-entropies (ours, as "
+        'for Eq. 5).'),
+    8: ("Eq. 7's gradient, a lambda-weighted sum of the two texts' ZMLCE gradients. On a GPU, "
+        "the fused kernel computes each score's derivative of Eq. 2 in its forward pass: "
+        'e^(p - lse_neg) for a negative label, its term of the first fraction, and '
+        '-e^(-p - lse_pos) for a positive one, its term of the second (lse_neg and lse_pos are '
+        "Eq. 2's log-sum-exps, under Eq. 2 above). `FusedZMLCE.backward` scales it by the "
+        "upstream gradient g: for Eq. 7's line, lambda / B for the first loss and "
+        '(1 - lambda) / B for the second (the mean over B documents), which autograd adds. On '
+        'the CPU, autograd differentiates `plain_zmlce` instead.',
+        'Under `--arch bert`, autograd differentiates the binary cross-entropy; the kernel does '
+        'not run.'),
+}
+
+# The paper's displayed sequences and its steps given in words, each placed before an equation
+# (or after the last) of its subsection: the page's text (the paper's words in double quotes or in
+# a ```text block, as its LaTeX reads without its markup; what the code builds for the example
+# tree), the code shown (a file, a definition in it, and the start of one statement in that
+# definition, or None for the whole definition) and the README's differences linked.
+TREE = ('the tree of CS (child Machine Learning) and Math (child Statistics), label ids in that '
+        'order, with an uncased vocabulary as bert-base-uncased\'s')
+ITEMS = (
+    dict(section='3.2 Hierarchical Prompt for HTC', before=1, title='The hierarchical prompt',
+         text=['The paper\'s input, where `[Dth^d]` prompts depth d and the hidden state of the '
+               "`[MASK]` after it is Eq. 1's h^d:", '', '```text',
+               '[CLS] [Dth^1] [MASK] ... [Dth^d] [MASK] ... [Dth^D] [MASK] [SEP]', 'X [SEP]',
+               '```', '',
+               'Here `[Dth^d]` is `[Dd]`, and `[MASK]` is `[P]`, a token of its own that starts as '
+               "`[MASK]`'s embedding (the authors' code). `template` writes the prompt, and "
+               '`make_batch` appends the text and the closing `[SEP]`; for ' + TREE + ':', '',
+               '| text | what `make_batch` lays out |', '| --- | --- |',
+               '| deep nets learn | `[CLS] [D1] [P] [D2] [P] [SEP] deep nets learn [SEP]` |', ''],
+         code=[('lhmix.py', 'template', None),
+               ('lhmix.py', 'LHMix.__init__', 'self.prefix = template('),
+               ('lhmix.py', 'make_batch', 'seqs = [np.concatenate([prefix, t,')],
+         differences=[]),
+    dict(section='4.1 Local Hierarchy Correlation', before=3, title='The local-hierarchy sequence',
+         text=["The paper's sequences of the local hierarchies \"CS/Machine Learning\" and "
+               '"Math/Statistics" (its Fig. 1), the prompt with each `[MASK]` replaced by the gold '
+               'label of its depth:', '', '```text',
+               '[CLS] [Dth^1] CS [Dth^2] Machine Learning [SEP]',
+               '[CLS] [Dth^1] Math [Dth^2] Statistics [SEP]', '```', '',
+               'and of a local hierarchy of several paths: "we concatenate the labels at the same '
+               'level together and place them after the corresponding [Dth^d] token". Here a '
+               "label set is first closed upward (its labels' ancestors added), and the names of "
+               'one depth follow their label ids; for ' + TREE + ':', '',
+               '| gold labels | what `local_hierarchy_ids` builds |', '| --- | --- |',
+               '| Machine Learning | `[CLS] [D1] cs [D2] machine learning [SEP]` |',
+               '| Statistics | `[CLS] [D1] math [D2] statistics [SEP]` |',
+               '| Machine Learning, Statistics | '
+               '`[CLS] [D1] cs math [D2] machine learning statistics [SEP]` |', ''],
+         code=[('lhmix.py', 'local_hierarchy_ids', None),
+               ('lhmix.py', 'local_hierarchy_table', 'keys = [tuple(model.hierarchy.closure('),
+               ('lhmix.py', 'local_hierarchy_table', 'seqs = [local_hierarchy_ids(')],
+         differences=['label-order']),
+    dict(section='5.2 Implement Details', before=None, title='Warm-up',
+         text=['The paper: "Initially, we train the model for 5 epochs without utilizing Mixup, '
+               'and then for the remaining epochs, we incorporate Mixup during the training '
+               'process." `--warmup-epochs` (default 5) counts those epochs; every later epoch '
+               'mixes:', ''],
+         code=[('train.py', 'parse', "add_flag(p, '--warmup-epochs'"),
+               ('train.py', 'train_epoch', 'mixing = ')],
+         differences=['warm-up']),
+    dict(section='5.2 Implement Details', before=None, title='Early stopping',
+         text=['The paper: "We employ the early stopping strategy if there is no improvement of '
+               'Macro-F1 after 5 epochs." It names no split; here, as in the authors\' code, it is '
+               'dev. `--early-stop` (default 5) counts the epochs since the best dev macro-F1, and '
+               'training stops before the next epoch when they reach it:', ''],
+         code=[('train.py', 'parse', "add_flag(p, '--early-stop'"),
+               ('train.py', 'since_best', None),
+               ('train.py', 'fit', 'if since_best(run.history) >= args.early_stop')],
+         differences=['early-stopping']),
+)
 
 
 def tags(source):
     """{line: [equation numbers]} of the tags in `source`."""
     lines, out = source.splitlines(), {}
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        (row, col), eqs = tok.start, [int(n) for n in TAG.findall(tok.string)]
-        if tok.type == tokenize.COMMENT and eqs and lines[row - 1][:col].strip():  # trails code
-            out[row] = eqs
+        (row, col), found = tok.start, TAG.findall(tok.string)
+        if tok.type == tokenize.COMMENT and found and lines[row - 1][:col].strip():  # trails code
+            out[row] = [int(n) for eqs in found for n in re.findall(r'\d+', eqs)]
     return out
 
 
 def statements(node, names=()):
-    """Every statement under `node` in source order, with the classes and functions around it;
-    so the last one that holds a line is the innermost."""
-    for child in ast.iter_child_nodes(node):
-        if isinstance(child, ast.stmt):
-            yield child, names
-        is_def = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-        yield from statements(child, names + (child.name,) if is_def else names)
+    """(statement, the classes and functions around it, the list of statements it is in) of every
+    statement under `node`, in source order; so the last one that holds a line is the innermost."""
+    for _, value in ast.iter_fields(node):
+        for child in value if isinstance(value, list) else [value]:
+            if isinstance(child, ast.stmt):
+                yield child, names, value
+            if isinstance(child, ast.AST):
+                is_def = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                yield from statements(child, names + (child.name,) if is_def else names)
 
 
-def differences(readme):
-    """{equation: [titles]} of the bullets in the README's list of differences that name it."""
-    section = re.search(rf'^## {re.escape(DIFFERENCES)}\n(.*?)(?=^## |\Z)', readme, re.M | re.S)
-    if section is None:
-        raise ValueError(f'README.md: no section "## {DIFFERENCES}"')
-    out = {}
-    for title, text in re.findall(r'^- \*\*(.+?)\*\*(.*?)(?=^\S|\Z)', section[1], re.M | re.S):
-        for n in sorted({int(n) for n in TAG.findall(title + text)}):
-            out.setdefault(n, []).append(title.rstrip('.'))
-    return out
-
-
-def page(source, readme):
-    """PAPER.md's text from the text of lhmix.py and of README.md."""
-    lines, stmts = source.splitlines(), list(statements(ast.parse(source)))
-    shown = {n: {} for n in EQUATIONS}  # {(first line, last line): the names around them}
+def tagged_blocks(source):
+    """{equation: [(first line, last line, the names around them)]} of lhmix.py's tags."""
+    stmts, spans = list(statements(ast.parse(source))), {}
     for line, eqs in tags(source).items():
-        stmt, names = [(s, around) for s, around in stmts if s.lineno <= line <= s.end_lineno][-1]
+        stmt, names, siblings = [s for s in stmts if s[0].lineno <= line <= s[0].end_lineno][-1]
         body = getattr(stmt, 'body', None)
         end = body[0].lineno - 1 if body and line < body[0].lineno else stmt.end_lineno
         for n in eqs:
             if n not in EQUATIONS:
                 raise ValueError(f'lhmix.py line {line}: the paper has no Eq. {n}')
-            shown[n][stmt.lineno, end] = names
-    diffs = differences(readme)
+            spans.setdefault(n, set()).add((stmt.lineno, end, names, id(siblings),
+                                            end == stmt.end_lineno))
+    out = {}
+    for n, found in spans.items():
+        blocks = []
+        for start, end, names, siblings, whole in sorted(found):
+            last = blocks[-1] if blocks else None
+            if last and last[3:] == (siblings, True) and whole and start - last[1] <= BLOCK:
+                blocks[-1] = (last[0], end) + last[2:]
+            else:
+                blocks.append((start, end, names, siblings, whole))
+        out[n] = [b[:3] for b in blocks]
+    return out
+
+
+def locate(source, path, where, starts):
+    """(first line, last line, the names around them) of the definition `where` ('LHMix.score'),
+    whole, or, given `starts`, of the one statement in it whose first line starts so."""
+    lines, inside, found = source.splitlines(), tuple(where.split('.')), []
+    for stmt, names, _ in statements(ast.parse(source)):
+        is_def = isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        if starts is None and is_def and names + (stmt.name,) == inside:
+            first = min([d.lineno for d in stmt.decorator_list] + [stmt.lineno])
+            found.append((first, stmt.end_lineno, names))
+        elif starts and names[:len(inside)] == inside and (
+                lines[stmt.lineno - 1].strip().startswith(starts)):
+            found.append((stmt.lineno, stmt.end_lineno, names))
+    if len(found) != 1:
+        what = (f'definitions named `{where}`' if starts is None else
+                f'statements in `{where}` start with {starts!r}')
+        raise ValueError(f'{path}: {len(found)} {what}, not one (ITEMS in tools/paper.py name '
+                         'it: change them to match)')
+    return found[0]
+
+
+def differences(readme):
+    """({equation: [(title, anchor)]} of the bullets in the README's list of differences that name
+    it, {anchor: title} of them all)."""
+    section = re.search(rf'^## {re.escape(DIFFERENCES)}\n(.*?)(?=^## |\Z)', readme, re.M | re.S)
+    if section is None:
+        raise ValueError(f'README.md: no section "## {DIFFERENCES}"')
+    by_equation, titles = {}, {}
+    for anchor, title, text in BULLET.findall(section[1]):
+        title = title.rstrip('.')
+        named = sorted({int(n) for eqs in TAG.findall(title + text) for n in re.findall(r'\d+',
+                                                                                    eqs)})
+        if named and not anchor:
+            raise ValueError(f'README.md: the difference "{title}" names Eq. {named[0]} but has no '
+                             'anchor: start it - <a id="NAME"></a>**...')
+        titles[anchor] = title
+        for n in named:
+            by_equation.setdefault(n, []).append((title, anchor))
+    return by_equation, titles
+
+
+def code(path, lines, first, last, names):
+    """A block of lines under the link that names them."""
+    where = f'line {first}' if first == last else f'lines {first}-{last}'
+    anchor = f'L{first}' if first == last else f'L{first}-L{last}'
+    inside = f', in `{".".join(names)}`' if names else ''
+    return [f'[`{path}` {where}]({path}#{anchor}){inside}:', '```python',
+            *lines[first - 1:last], '```', '']
+
+
+def links(found):
+    """The line that links a part of the page to its differences in the README."""
+    if not found:
+        return []
+    return ["Where this code differs from the authors': "
+            + ', '.join(f'[{title}](README.md#{anchor})' for title, anchor in found) + '.', '']
+
+
+def page(files, readme, items=ITEMS):
+    """PAPER.md's text from {file name: text} (lhmix.py, and the files ITEMS name) and README.md."""
+    lhmix, lines = files['lhmix.py'], {k: v.splitlines() for k, v in files.items()}
+    blocks = tagged_blocks(lhmix)
+    by_equation, titles = differences(readme)
     out = ['# The paper in code', '',
            'Generated by `python tools/paper.py` from the `# Eq. N` tags of '
-           '[`lhmix.py`](lhmix.py): do not edit it by hand.', '',
-           'Eqs. 1-8 of Kong, Zhang & Wang, *LH-Mix: Local Hierarchy Correlation Guided Mixup '
-           "over Hierarchical Prompt Tuning* (KDD 2025, arXiv 2412.16963) in the paper's order, "
-           'each with the lines of `lhmix.py` that compute it.', '']
+           '[`lhmix.py`](lhmix.py) and the definitions that `tools/paper.py` names: do not edit '
+           'it by hand.', '',
+           'Kong, Zhang & Wang, *LH-Mix: Local Hierarchy Correlation Guided Mixup over '
+           'Hierarchical Prompt Tuning* (KDD 2025, arXiv 2412.16963), in its order: Eqs. 1-8, '
+           'each with the lines that compute its terms; the two sequences the paper displays, '
+           'each with the code that builds it and what that code builds for a small tree; the '
+           'two training steps the paper gives in words. Quoted text is the paper\'s.', '']
+    parts = []
+    for n in EQUATIONS:  # each equation after the items placed before it, then the rest
+        parts += [item for item in items if item['before'] == n] + [n]
+    parts += [item for item in items if item['before'] is None]
     section = None
-    for n, (sec, latex, what) in EQUATIONS.items():
-        if not shown[n]:
-            raise ValueError(f'lhmix.py: no line is tagged Eq. {n}')
+    for part in parts:
+        sec = EQUATIONS[part][0] if isinstance(part, int) else part['section']
         if sec != section:
             out += [f'## Sec. {sec}', '']
             section = sec
-        out += [f'### Eq. {n}', '', '```math', *latex, '```', '', what, '']
-        for (start, end), names in sorted(shown[n].items()):
-            where = f'line {start}' if start == end else f'lines {start}-{end}'
-            anchor = f'L{start}' if start == end else f'L{start}-L{end}'
-            inside = f', in `{".".join(names)}`' if names else ''
-            out += [f'[`lhmix.py` {where}](lhmix.py#{anchor}){inside}:', '```python',
-                    *lines[start - 1:end], '```', '']
-        if n in diffs:
-            links = ', '.join(f'[{title}]({DIFFERENCES_LINK})' for title in diffs[n])
-            out += [f"Where this code differs from the authors': {links}.", '']
+        if isinstance(part, int):
+            n, (_, latex), (what, bert) = part, EQUATIONS[part], ABOUT[part]
+            if n not in blocks:
+                raise ValueError(f'lhmix.py: no line is tagged Eq. {n}')
+            out += [f'### Eq. {n}', '', '```math', *latex, '```', '', what, '']
+            for first, last, names in blocks[n]:
+                out += code('lhmix.py', lines['lhmix.py'], first, last, names)
+            out += [bert, ''] if bert else []
+            out += links(by_equation.get(n, []))
+        else:
+            out += [f'### {part["title"]}', '', *part['text']]
+            for path, where, starts in part['code']:
+                out += code(path, lines[path], *locate(files[path], path, where, starts))
+            for anchor in part['differences']:
+                if anchor not in titles:
+                    raise ValueError(f'README.md: no difference <a id="{anchor}"></a> (ITEMS in '
+                                     f'tools/paper.py link it from {part["title"]})')
+            out += links([(titles[a], a) for a in part['differences']])
     return '\n'.join(out)
 
 
 def main():
     try:
-        with open(os.path.join(ROOT, 'lhmix.py'), encoding='utf-8') as f:
-            source = f.read()
+        files = {}
+        for name in ('lhmix.py', *{path for item in ITEMS for path, _, _ in item['code']}):
+            with open(os.path.join(ROOT, name), encoding='utf-8') as f:
+                files[name] = f.read()
         with open(os.path.join(ROOT, 'README.md'), encoding='utf-8') as f:
-            readme = f.read()
-        text = page(source, readme)
+            text = page(files, f.read())
     except (OSError, ValueError) as e:
         sys.exit(f'error: {e}')
     path = os.path.join(ROOT, 'PAPER.md')

@@ -1,7 +1,11 @@
 """Tests of PAPER.md and of tools/paper.py, which writes it: the page is the script's output for
-today's lhmix.py and README.md; every code line on it is lhmix.py's line where it links; every
-tag of lhmix.py is on it; its equations are the paper's, where the paper's LaTeX is at hand. The
-page is read here as a reader reads it, by its headings, links and fenced blocks."""
+today's files; every code line on it is the line it links to; every tag of lhmix.py is on it,
+under its equation, and each equation shows the lines that compute its terms; the sequences it
+shows are what lhmix.py builds for a small tree, built here; every link of the page and of the
+README lands; its equations, sections, sequences and quotations are the paper's, where the paper's
+LaTeX is at hand. The page is read here as a reader reads it, by its headings, links and fenced
+blocks. Each failure says what is wrong and what to run."""
+import ast
 import glob
 import os
 import re
@@ -14,11 +18,12 @@ import pytest
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TOOLS)
 sys.path.insert(0, TOOLS)
+sys.path.insert(0, ROOT)
 import paper  # noqa: E402
 
-LINK = re.compile(r'^\[[^\]\n]*\]\(lhmix\.py#L(\d+)(?:-L(\d+))?\)([^\n]*)\n```python\n(.*?)^```$',
-                  re.M | re.S)
-ANCHOR = "README.md#where-this-differs-from-the-authors-code-and-why"  # GitHub's, by hand
+REGENERATE = 'run python tools/paper.py and commit PAPER.md'
+LINK = re.compile(r'^\[[^\]\n]*\]\(([\w.]+\.py)#L(\d+)(?:-L(\d+))?\)([^\n]*)\n'
+                  r'```python\n(.*?)^```$', re.M | re.S)
 
 
 def read(*path):
@@ -26,21 +31,257 @@ def read(*path):
         return f.read()
 
 
-def equations(text):
-    """{N: (the '## ' heading above Eq. N, its math blocks, its code blocks as (first line, last
-    line, caption, code lines), the titles of its links into the README's differences)}."""
-    out, heading = {}, None
-    for part in re.split(r'^(?=## |### Eq\. )', text, flags=re.M):
-        if part.startswith('## '):
-            heading = part.split('\n', 1)[0][3:]
-        elif part.startswith('### Eq. '):
-            blocks = [(int(a), int(b or a), caption, code.splitlines())
-                      for a, b, caption, code in LINK.findall(part)]
-            assert part.count('```python') == len(blocks), part  # each block under its link
-            out[int(part.split('\n', 1)[0][8:])] = (
-                heading, re.findall(r'^```math\n(.*?)^```$', part, re.M | re.S), blocks,
-                re.findall(rf'\[([^\]]+)\]\({re.escape(ANCHOR)}\)', part))
+def parts(text):
+    """{'### ' heading: (the '## ' heading above it, its text)} of the page."""
+    out, section = {}, None
+    for part in re.split(r'^(?=##+ )', text, flags=re.M):
+        head = part.split('\n', 1)[0]
+        if head.startswith('## '):
+            section = head[3:]
+        elif head.startswith('### '):
+            out[head[4:]] = (section, part)
     return out
+
+
+def blocks(heading, part):
+    """(file, first line, last line, caption, code lines) of each code block under its link."""
+    found = [(path, int(a), int(b or a), caption, code.splitlines())
+             for path, a, b, caption, code in LINK.findall(part)]
+    assert part.count('```python') == len(found), \
+        f'PAPER.md, {heading}: a code block without its link above it: {REGENERATE}'
+    return found
+
+
+def table(part):
+    """The rows of the part's table, each (first cell, the code of the second)."""
+    return re.findall(r'^\| ([^|`]+?) \| `([^`]+)` \|$', part, re.M)
+
+
+def test_regenerating_the_page_gives_the_committed_file(tmp_path):
+    for name in ('lhmix.py', 'README.md', 'train.py'):
+        shutil.copy(os.path.join(ROOT, name), tmp_path)
+    p = run_script(tmp_path)
+    assert (p.returncode, p.stdout, p.stderr) == (0, '', '')
+    assert read(tmp_path, 'PAPER.md') == read(ROOT, 'PAPER.md'), \
+        ('PAPER.md is not what tools/paper.py writes from lhmix.py, train.py and README.md: '
+         + REGENERATE)
+    assert sorted(os.listdir(tmp_path)) == ['PAPER.md', 'README.md', 'lhmix.py', 'tools',
+                                            'train.py']
+
+
+def test_each_code_line_on_the_page_is_the_line_it_links_to():
+    page = parts(read(ROOT, 'PAPER.md'))
+    want = [f'Eq. {n}' for n in range(1, 9)] + [
+        'The hierarchical prompt', 'The local-hierarchy sequence', 'Warm-up', 'Early stopping']
+    assert sorted(page) == sorted(want), f'PAPER.md has the parts {sorted(page)}: {REGENERATE}'
+    for heading, (_, part) in page.items():
+        if heading.startswith('Eq. '):
+            assert part.count('```math') == 1, f'PAPER.md, {heading}: not one math block'
+        found = blocks(heading, part)
+        assert found, f'PAPER.md, {heading}: no code shown: {REGENERATE}'
+        for path, first, last, _, code in found:
+            assert code == read(ROOT, path).splitlines()[first - 1:last], \
+                (f'PAPER.md, {heading}: {path} lines {first}-{last} are not what it shows: '
+                 + REGENERATE)
+
+
+def test_every_tag_of_lhmix_is_on_the_page_under_its_equation():
+    source = read(ROOT, 'lhmix.py')
+    # A trailing comment's tags, found by a regex (no tokenizer), then checked against the
+    # script's own finder; lhmix.py holds no '#' inside a string, so the regex suffices there.
+    found = {(i, int(n)) for i, line in enumerate(source.splitlines(), 1)
+             for comment in re.findall(r'^\s*[^\s#][^#]*#(.*)$', line)
+             for eqs in re.findall(r'\bEqs?\. (\d+(?:(?:, | and )\d+)*)\b(?!-)', comment)
+             for n in re.findall(r'\d+', eqs)}
+    assert found == {(line, n) for line, eqs in paper.tags(source).items() for n in eqs}, \
+        "tools/paper.py's tag finder and this test's disagree on lhmix.py's tags"
+    page = parts(read(ROOT, 'PAPER.md'))
+    shown = {n: [(a, b) for path, a, b, _, _ in blocks(f'Eq. {n}', page[f'Eq. {n}'][1])
+                 if path == 'lhmix.py'] for n in range(1, 9)}
+    for line, n in sorted(found):
+        assert any(a <= line <= b for a, b in shown[n]), \
+            f'lhmix.py line {line} is tagged Eq. {n}; PAPER.md does not show it there: {REGENERATE}'
+    for n, spans in shown.items():  # and no block without its tag
+        for a, b in spans:
+            assert any(k == n and a <= line <= b for line, k in found), \
+                (f'PAPER.md shows lhmix.py lines {a}-{b} under Eq. {n}, where no line is tagged '
+                 f'Eq. {n}: {REGENERATE}')
+
+
+# What each equation's code must show: each term, by a piece of the line that computes it
+TERMS = {
+    1: [("f^d's classifier, the MLM head's transform", 'self.transform = mlm.cls.predictions'),
+        ('the verbalizer', 'self.transform(slot_hidden) @ verbalizer'),
+        ("the restriction to depth d's labels", 'valid = torch.arange(1, D + 1)'),
+        ('prediction at each depth', 'masked_fill(~self.valid')],
+    2: [('the first log-sum-exp, in torch', 'negatives = torch.logsumexp('),
+        ('the second log-sum-exp, in torch', 'positives = torch.logsumexp('),
+        ('the first log-sum-exp, in the kernel', 'lse_neg = m_neg + tl.log('),
+        ('the second log-sum-exp, in the kernel', 'lse_pos = m_pos + tl.log('),
+        ('the loss over V^d', 'zmlce(scores, targets, self.valid)')],
+    3: [('the [CLS] states', 'model.encode(ids, mask)[:, 0]'),
+        ('the cosine', 'F.cosine_similarity(h_i.float(), h_j.float()')],
+    8: [('the gradient of a positive and a negative label', 'tl.where(pos, -grad, grad)'),
+        ("the upstream weight, Eq. 7's lambda", 'grad * g.unsqueeze(-1)')],
+}
+
+
+def test_each_equation_shows_the_lines_that_compute_its_terms():
+    page = parts(read(ROOT, 'PAPER.md'))
+    for n, terms in TERMS.items():
+        code = '\n'.join(line for b in blocks(f'Eq. {n}', page[f'Eq. {n}'][1]) for line in b[4])
+        for what, piece in terms:
+            assert piece in code, (f'PAPER.md, Eq. {n}: no line shows {what} ({piece!r}): tag it '
+                                   f'in lhmix.py, then {REGENERATE}')
+
+
+def test_an_equation_whose_lines_compute_otherwise_for_the_flat_bert_says_so():
+    """The LHMix methods that branch on arch are found in lhmix.py; an equation that shows a call
+    of one, or a line inside one, has a sentence on --arch bert."""
+    source = read(ROOT, 'lhmix.py')
+    cls, = [c for c in ast.parse(source).body if isinstance(c, ast.ClassDef) and c.name == 'LHMix']
+    branching = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)
+                 and 'self.arch' in ast.get_source_segment(source, f)} - {'__init__'}
+    assert {'score', 'loss'} <= branching
+    for heading, (_, part) in parts(read(ROOT, 'PAPER.md')).items():
+        found = [b for b in blocks(heading, part) if b[0] == 'lhmix.py']
+        if any(re.search(rf'\.({"|".join(branching)})\(', '\n'.join(b[4]))
+               or re.search(rf'`LHMix\.({"|".join(branching)})`', b[3]) for b in found):
+            assert re.search(r'^Under `--arch bert`, [^\n]+\.$', part, re.M), \
+                (f'PAPER.md, {heading}: its code branches on --arch bert, and the page does '
+                 f'not say how: add the sentence to ABOUT in tools/paper.py, then {REGENERATE}')
+
+
+def tokens_of(model, tokenizer, ids):
+    """Ids as the page writes them: [CLS], [SEP], [Dd], [P], or the word-piece."""
+    special = {tokenizer.cls_token_id: '[CLS]', tokenizer.sep_token_id: '[SEP]',
+               model.slot_id: '[P]', **{t: f'[D{d}]' for d, t in enumerate(model.depth_ids, 1)}}
+    return ' '.join(special.get(int(i)) or tokenizer.convert_ids_to_tokens(int(i)) for i in ids)
+
+
+def test_the_sequences_on_the_page_are_what_the_code_builds_for_a_small_tree(tmp_path):
+    """The page's tree: CS (child Machine Learning) and Math (child Statistics), in that order,
+    an uncased vocabulary; the prompt laid out by make_batch, each local hierarchy by
+    local_hierarchy_ids after closing the label set upward, as local_hierarchy_table does."""
+    import transformers
+
+    import lhmix
+    page = parts(read(ROOT, 'PAPER.md'))
+    prompt, local = table(page['The hierarchical prompt'][1]), table(
+        page['The local-hierarchy sequence'][1])
+    assert (len(prompt), len(local)) == (1, 3), f'PAPER.md: the tables of sequences: {REGENERATE}'
+    h = lhmix.Hierarchy({'CS': None, 'CS/Machine Learning': 'CS', 'Math': None,
+                         'Math/Statistics': 'Math'})
+    words = sorted({w for t, _ in prompt for w in t.split()} | {'cs', 'math', 'machine',
+                                                                'learning', 'statistics'})
+    (tmp_path / 'vocab.txt').write_text('\n'.join(['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]']
+                                                  + words))
+    tokenizer = transformers.BertTokenizerFast(str(tmp_path / 'vocab.txt'), do_lower_case=True)
+    mlm = transformers.BertForMaskedLM(transformers.BertConfig(
+        vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, num_attention_heads=1,
+        intermediate_size=16))
+    model = lhmix.build_model(mlm, tokenizer, h, 'prompt')
+    for text, shown in prompt:
+        tokens, _ = lhmix.tokenize(tokenizer, [text], 100)
+        batch = lhmix.make_batch(model, tokens, [[]])
+        ids = batch['input_ids'][0][batch['attention_mask'][0].bool()]
+        assert tokens_of(model, tokenizer, ids) == shown, \
+            (f'PAPER.md shows the prompt of {text!r} as {shown!r}, not what make_batch builds: '
+            'correct ITEMS in tools/paper.py')
+    names = model.name_ids(tokenizer)
+    for gold, shown in local:
+        labels = h.closure(h.names.index(name) for name in gold.split(', '))
+        built = tokens_of(model, tokenizer, lhmix.local_hierarchy_ids(model, labels, names))
+        assert built == shown, \
+            (f'PAPER.md shows the local hierarchy of {gold} as {shown!r}; the code builds '
+             f'{built!r}: correct ITEMS in tools/paper.py')
+
+
+def slugs(text):
+    """The anchors of a Markdown file on GitHub: its headings' slugs (lower case, punctuation
+    dropped, spaces as hyphens, a repeat numbered) and its elements' ids."""
+    out, seen = set(re.findall(r'<a id="([\w-]+)"></a>', text)), {}
+    for heading in re.findall(r'^#+ (.+)$', re.sub(r'^```.*?^```$', '', text, flags=re.M | re.S),
+                              re.M):
+        slug = re.sub(r'[^\w\- ]', '', heading.lower()).replace(' ', '-')
+        out.add(slug + (f'-{seen[slug]}' if slug in seen else ''))
+        seen[slug] = seen.get(slug, 0) + 1
+    return out
+
+
+def test_every_link_of_the_page_and_of_the_readme_lands():
+    for name in ('PAPER.md', 'README.md'):
+        text = re.sub(r'^```.*?^```$', '', read(ROOT, name), flags=re.M | re.S)
+        for label, target in re.findall(r'\[([^\]\n]+)\]\(([^)\s]+)\)', text):
+            if re.match(r'[a-z]+:', target):
+                continue
+            path, _, anchor = target.partition('#')
+            where = f'{name}: the link [{label}]({target})'
+            assert os.path.exists(os.path.join(ROOT, path or name)), f'{where}: no file {path}'
+            if not anchor:
+                continue
+            linked = read(ROOT, path or name)
+            lines = re.fullmatch(r'L(\d+)(?:-L(\d+))?', anchor)
+            if lines:
+                assert int(lines[2] or lines[1]) <= len(linked.splitlines()), \
+                    f'{where}: past the end of {path}: {REGENERATE}'
+            else:
+                assert anchor in slugs(linked), f'{where}: {path or name} has no such anchor'
+    # Each link into the README's differences opens the bullet that it names.
+    bullets = {anchor: title.rstrip('.') for anchor, title in re.findall(
+        r'^- <a id="([\w-]+)"></a>\*\*(.+?)\*\*', read(ROOT, 'README.md'), re.M)}
+    for title, anchor in re.findall(r'\[([^\]]+)\]\(README\.md#([\w-]+)\)',
+                                    read(ROOT, 'PAPER.md')):
+        assert bullets.get(anchor) == title, \
+            f'PAPER.md: [{title}](README.md#{anchor}) opens the bullet {bullets.get(anchor)!r}'
+
+
+def plain(tex):
+    """The paper's LaTeX as it reads: \\texttt{x} and \\text{x} as x, no $, quotes as "."""
+    tex = re.sub(r'\\(?:texttt|text|textbf|emph)\{([^{}]*)\}', r'\1', tex)
+    return tex.replace('$', '').replace('``', '"').replace("''", '"')
+
+
+def test_the_equations_sections_sequences_and_quotations_are_the_papers():
+    papers = glob.glob(os.path.join(ROOT, '..', 'shared', 'paper', '*.txt'))
+    if not papers:
+        pytest.skip('../shared/paper/ is absent: the page is not compared with the paper')
+    assert len(papers) == 1, papers
+    tex = read(papers[0])
+    # The paper numbers every `equation` environment in order and has no other numbered kind.
+    assert not re.search(r'\\begin\{(align|gather|multline|eqnarray)\*?\}', tex)
+    theirs, subsections, section, sub, where = {}, set(), 0, 0, None
+    for m in re.finditer(r'\\(section|subsection)\{([^}]*)\}|'
+                         r'\\begin\{equation\}(.*?)\\end\{equation\}', tex, re.S):
+        if m[1] == 'section':
+            section, sub = section + 1, 0
+        elif m[1] == 'subsection':
+            sub += 1
+            where = f'Sec. {section}.{sub} {m[2]}'
+            subsections.add(where)
+        else:
+            theirs[len(theirs) + 1] = where, re.sub(r'\\label\{[^}]*\}', '', m[3])
+    text = read(ROOT, 'PAPER.md')
+    page = parts(text)
+    assert sorted(theirs) == sorted(int(h[4:]) for h in page if h.startswith('Eq. '))
+    for n, (where, latex) in theirs.items():  # whitespace is all that may differ
+        heading, part = page[f'Eq. {n}']
+        math, = re.findall(r'^```math\n(.*?)^```$', part, re.M | re.S)
+        assert (heading, ' '.join(math.split())) == (where, ' '.join(latex.split())), \
+            f"PAPER.md, Eq. {n}: not the paper's LaTeX or subsection (tools/paper.py's EQUATIONS)"
+    for heading in re.findall(r'^## (.+)$', text, re.M):
+        assert heading in subsections, f'PAPER.md: "{heading}" is no subsection of the paper'
+    reads = ' '.join(plain(tex).split())
+    paper_lines = {' '.join(line.split()) for line in plain(tex).splitlines()}
+    for title in ('The hierarchical prompt', 'The local-hierarchy sequence'):
+        shown = re.findall(r'^```text\n(.*?)^```$', page[title][1], re.M | re.S)[0]
+        for line in shown.splitlines():
+            assert line in paper_lines, \
+                f'PAPER.md, {title}: the paper displays no line {line!r} (ITEMS in tools/paper.py)'
+    prose = re.sub(r'`[^`\n]*`', '', re.sub(r'^```.*?^```$', '', text, flags=re.M | re.S))
+    for quote in re.findall(r'"([^"\n]+)"', prose):
+        assert ' '.join(quote.split()) in reads, \
+            f'PAPER.md quotes "{quote}": not in the paper (tools/paper.py)'
 
 
 def run_script(folder):
@@ -49,67 +290,6 @@ def run_script(folder):
     shutil.copy(os.path.join(TOOLS, 'paper.py'), folder / 'tools')
     return subprocess.run([sys.executable, str(folder / 'tools' / 'paper.py')],
                           capture_output=True, text=True, timeout=60)
-
-
-def test_regenerating_the_page_gives_the_committed_file(tmp_path):
-    for name in ('lhmix.py', 'README.md'):
-        shutil.copy(os.path.join(ROOT, name), tmp_path)
-    p = run_script(tmp_path)
-    assert (p.returncode, p.stdout, p.stderr) == (0, '', '')
-    assert read(tmp_path, 'PAPER.md') == read(ROOT, 'PAPER.md'), \
-        'PAPER.md is out of date: run python tools/paper.py'
-    assert sorted(os.listdir(tmp_path)) == ['PAPER.md', 'README.md', 'lhmix.py', 'tools']
-
-
-def test_each_equation_has_code_and_each_code_line_is_the_lhmix_line_it_links_to():
-    text, lines = read(ROOT, 'PAPER.md'), read(ROOT, 'lhmix.py').splitlines()
-    page = equations(text)
-    assert sorted(page) == list(range(1, 9)) and len(text.splitlines()) <= 300
-    for n, (_, math, blocks, _) in page.items():
-        assert len(math) == 1 and blocks, n
-        for first, last, _, code in blocks:
-            assert code == lines[first - 1:last], (n, first, last)
-
-
-def test_every_tag_of_lhmix_is_on_the_page_under_its_equation():
-    source = read(ROOT, 'lhmix.py')
-    # A trailing comment's `Eq. N`, found by a regex (no tokenizer), then checked against the
-    # script's own finder; lhmix.py holds no '#' inside a string, so the regex suffices there.
-    found = {(i, int(n)) for i, line in enumerate(source.splitlines(), 1)
-             for comment in re.findall(r'^\s*[^\s#][^#]*#(.*)$', line)
-             for n in re.findall(r'\bEq\. (\d+)\b(?!-)', comment)}
-    assert found == {(line, n) for line, eqs in paper.tags(source).items() for n in eqs}
-    page = equations(read(ROOT, 'PAPER.md'))
-    for line, n in found:
-        assert any(first <= line <= last for first, last, _, _ in page[n][2]), (line, n)
-    for n, (_, _, blocks, _) in page.items():  # and no block without its tag
-        for first, last, _, _ in blocks:
-            assert any(k == n and first <= line <= last for line, k in found), (n, first)
-
-
-def test_the_quoted_equations_and_their_subsections_are_the_papers():
-    papers = glob.glob(os.path.join(ROOT, '..', 'shared', 'paper', '*.txt'))
-    if not papers:
-        pytest.skip('../shared/paper/ is absent: the equations are not compared with the paper')
-    assert len(papers) == 1, papers
-    tex = read(papers[0])
-    # The paper numbers every `equation` environment in order and has no other numbered kind.
-    assert not re.search(r'\\begin\{(align|gather|multline|eqnarray)\*?\}', tex)
-    theirs, section, sub, where = {}, 0, 0, None
-    for m in re.finditer(r'\\(section|subsection)\{([^}]*)\}|'
-                         r'\\begin\{equation\}(.*?)\\end\{equation\}', tex, re.S):
-        if m[1] == 'section':
-            section, sub = section + 1, 0
-        elif m[1] == 'subsection':
-            sub += 1
-            where = f'Sec. {section}.{sub} {m[2]}'
-        else:
-            theirs[len(theirs) + 1] = where, re.sub(r'\\label\{[^}]*\}', '', m[3])
-    page = equations(read(ROOT, 'PAPER.md'))
-    assert sorted(theirs) == sorted(page)
-    for n, (heading, math, _, _) in page.items():  # whitespace is all that may differ
-        where, latex = theirs[n]
-        assert (heading, ' '.join(math[0].split())) == (where, ' '.join(latex.split())), n
 
 
 SOURCE = '''"""Eq. 1 in a docstring is no tag."""
@@ -125,55 +305,84 @@ class A:
 
 def g(x):
     if x:  # Eq. 3, on a header: the header alone
-        x = 1
-    return x  # Eq. 2, Eq. 4 / Eq. 5; Eq. 7 and Eq. 8
+        x = 1  # Eqs. 7 and 8: inside the if, so no block with line 17
+    a = x  # Eqs. 4, 5 and 8: a block's first statement
+    b = a
+    return a + b  # Eq. 2, Eq. 4 / Eq. 5; Eq. 7 and Eq. 8
 '''
 README = """# A project
 
 ## Where this differs from the authors' code, and why
 
-- **Alpha.** Eq. 2, and Eq. 2 again.
-- **Beta** (Eq. 12); Eqs. 3-4.
+- <a id="alpha"></a>**Alpha.** Eq. 2, and Eq. 2 again.
+- <a id="beta"></a>**Beta** (Eq. 12); Eqs. 3-4.
 - Kept: Eq. 3.
-- **Gamma.** Over two lines, naming
-  Eq. 5 on the second.
+- <a id="gamma"></a>**Gamma.** Over two lines, naming
+  Eqs. 5 and 6 on the second.
 
 After the list, Eq. 7.
 
 ## Next
 
-- **Delta.** Eq. 8.
+- <a id="delta"></a>**Delta.** Eq. 8.
 """
 
 
-def test_tags_statements_and_differences_of_a_small_source():
-    page, lines = equations(paper.page(SOURCE, README)), SOURCE.splitlines()
-    two_lines, header, last = (7, 8, ', in `A.f`:'), (13, 13, ', in `g`:'), (15, 15, ', in `g`:')
-    want = {1: [two_lines], 2: [last], 3: [header], 4: [last], 5: [last], 6: [two_lines],
-            7: [last], 8: [last]}
-    assert {n: [b[:3] for b in blocks] for n, (_, _, blocks, _) in page.items()} == want
-    for _, _, blocks, _ in page.values():
-        for first, last_line, _, code in blocks:
+def test_tags_blocks_and_differences_of_a_small_source():
+    text, lines = paper.page({'lhmix.py': SOURCE}, README, items=()), SOURCE.splitlines()
+    page = parts(text)
+    two_lines, header = (7, 8, ', in `A.f`:'), (13, 13, ', in `g`:')
+    in_if, block, last = (14, 14, ', in `g`:'), (15, 17, ', in `g`:'), (17, 17, ', in `g`:')
+    want = {1: [two_lines], 2: [last], 3: [header], 4: [block], 5: [block], 6: [two_lines],
+            7: [in_if, last], 8: [in_if, block]}
+    assert {n: [b[1:4] for b in blocks(f'Eq. {n}', page[f'Eq. {n}'][1])] for n in want} == want
+    for heading, (_, part) in page.items():
+        for _, first, last_line, _, code in blocks(heading, part):
             assert code == lines[first - 1:last_line]
-    assert {n: titles for n, (_, _, _, titles) in page.items() if titles} == {
-        2: ['Alpha'], 5: ['Gamma']}
-    assert page[8][0] == 'Sec. 4.3 Local Hierarchy Mixup'
+    assert {n: re.findall(r'\[(\w+)\]\(README\.md#(\w+)\)', page[f'Eq. {n}'][1])
+            for n in range(1, 9)} == {1: [], 2: [('Alpha', 'alpha')], 3: [], 4: [],
+                                      5: [('Gamma', 'gamma')], 6: [('Gamma', 'gamma')], 7: [],
+                                      8: []}
+    assert page['Eq. 8'][0] == 'Sec. 4.3 Local Hierarchy Mixup'
+    # Two tags of one equation in one block make one block when at most 8 lines apart.
+    for fillers, want in ((7, [(2, 10, ('h',))]), (8, [(2, 2, ('h',)), (11, 11, ('h',))])):
+        source = ('def h():\n    a = 1  # Eq. 2\n' + '    a += 1\n' * fillers
+                  + '    return a  # Eq. 2\n')
+        assert paper.tagged_blocks(source) == {2: want}
 
 
 def test_what_the_script_refuses(tmp_path):
-    for source, readme, message in (
-            (SOURCE + 'z = 0  # Eq. 9\n', README, 'lhmix.py line 16: the paper has no Eq. 9'),
-            (SOURCE.replace('and Eq. 8', ''), README, 'lhmix.py: no line is tagged Eq. 8'),
-            (SOURCE, README.replace('## Where', '## How'),
-             '''README.md: no section "## Where this differs from the authors' code, and why"''')):
+    all_but_8 = 'x = 1  # Eq. 1 / Eq. 2 / Eq. 3 / Eq. 4 / Eq. 5 / Eq. 6 / Eq. 7\n'
+    item = dict(section='5.2 Implement Details', before=None, title='Warm-up', text=[],
+                code=[('train.py', 'fit', None)], differences=[])
+    for files, readme, items, message in (
+            ({'lhmix.py': SOURCE + 'z = 0  # Eq. 9\n'}, README, (),
+             'lhmix.py line 18: the paper has no Eq. 9'),
+            ({'lhmix.py': all_but_8}, README, (), 'lhmix.py: no line is tagged Eq. 8'),
+            ({'lhmix.py': SOURCE}, README.replace('## Where', '## How'), (),
+             '''README.md: no section "## Where this differs from the authors' code, and why"'''),
+            ({'lhmix.py': SOURCE}, README.replace('<a id="alpha"></a>', ''), (),
+             'README.md: the difference "Alpha" names Eq. 2 but has no anchor: start it '
+             '- <a id="NAME"></a>**...'),
+            ({'lhmix.py': SOURCE, 'train.py': 'def fit():\n    pass\n'}, README,
+             ({**item, 'code': [('train.py', 'fit', 'for epoch')]},),
+             "train.py: 0 statements in `fit` start with 'for epoch', not one (ITEMS in "
+             'tools/paper.py name it: change them to match)'),
+            ({'lhmix.py': SOURCE, 'train.py': 'def fit():\n    pass\n'}, README,
+             ({**item, 'differences': ['warm-up']},),
+             'README.md: no difference <a id="warm-up"></a> (ITEMS in tools/paper.py link it '
+             'from Warm-up)')):
         with pytest.raises(ValueError) as e:
-            paper.page(source, readme)
+            paper.page(files, readme, items)
         assert str(e.value) == message
-    # The last refusal as a user meets it: one line, nothing written.
+    # A refusal as a user meets it: one line, nothing written.
     (tmp_path / 'lhmix.py').write_text(SOURCE)
     (tmp_path / 'README.md').write_text('# A project\n')
+    shutil.copy(os.path.join(ROOT, 'train.py'), tmp_path)
     (tmp_path / 'PAPER.md').write_text('before\n')
     p = run_script(tmp_path)
+    message = '''README.md: no section "## Where this differs from the authors' code, and why"'''
     assert (p.returncode, p.stdout, p.stderr) == (1, '', f'error: {message}\n')
     assert (tmp_path / 'PAPER.md').read_text() == 'before\n'
-    assert sorted(os.listdir(tmp_path)) == ['PAPER.md', 'README.md', 'lhmix.py', 'tools']
+    assert sorted(os.listdir(tmp_path)) == ['PAPER.md', 'README.md', 'lhmix.py', 'tools',
+                                            'train.py']

@@ -1,0 +1,96 @@
+"""The README's examples for a new user, run as written: its own-data example (a taxonomy and a
+training file, written out in the README, then its shell commands) and its checkpoint example,
+saved as a file in the repository's folder. Each runs in a temporary copy of that folder."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import data
+import lhmix
+import runs
+
+HERE = Path(__file__).parent
+MODULES = ('lhmix.py', 'data.py', 'runs.py', 'evaluate.py', 'train.py')
+
+
+def section(title):
+    """The README's section `## title`, up to the next."""
+    text = (HERE / 'README.md').read_text('utf-8')
+    return re.search(rf'^## {re.escape(title)}\n(.*?)(?=^## )', text, re.M | re.S)[1]
+
+
+def repository(folder):
+    """A copy of the repository's modules in `folder`, and the environment of a fresh shell
+    there: this Python first on the PATH, nothing on PYTHONPATH, no GPU."""
+    for name in MODULES:
+        shutil.copy(HERE / name, folder)
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+    env['PATH'] = os.path.dirname(sys.executable) + os.pathsep + env['PATH']
+    env['CUDA_VISIBLE_DEVICES'] = ''
+    return env
+
+
+def test_the_own_data_example_runs_as_written(tmp_path):
+    """Each block but the last is the file that the paragraph above it names; the last is the
+    commands. What they read is worked by hand from the README's files: 5 labels (CS, Math and
+    their children Machine Learning, Statistics, Geometry), depth 2, two documents a split."""
+    text = section('Your own data')
+    blocks = re.findall(r'(?:^|\n\n)([^\n]+(?:\n[^\n]+)*)\n\n```\n(.*?)```', text, re.S)
+    assert len(blocks) == 3, 'the README\'s "Your own data": a taxonomy, a training file, commands'
+    env = repository(tmp_path)
+    for paragraph, content in blocks[:-1]:
+        path = tmp_path / re.match(r'`([^`]+)`', paragraph)[1]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content, 'utf-8')
+    out = subprocess.run(['bash', '-e', '-c', blocks[-1][1]], cwd=tmp_path, env=env, text=True,
+                         capture_output=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == ('5 labels, depth 2; documents train 2, dev 2, test 2; cut to --max-length '
+                        '512: train 0, dev 0, test 0')
+    assert lines[0].startswith(re.search(r'Its first line counts what it read, `([^`]+)`', text)[1])
+    assert [line[:9] for line in lines[2:8]] == [f'epoch   {e}' for e in range(6)]
+    assert 'mixup' in lines[7] and 'mixup' not in lines[6]  # after the 5 warm-up epochs
+    run = tmp_path / 'out' / 'mine-prompt-lhmix-s0'
+    assert lines[-1].startswith('test micro-F1') and lines[-1].endswith('out/mine-prompt-lhmix-s0)')
+    assert (run / 'test_metrics.json').exists()
+    model, _, _ = runs.load_checkpoint(str(run / 'best'))
+    h = model.hierarchy
+    assert (h.labels, h.depth) == (['CS', 'Math', 'Machine Learning', 'Statistics', 'Geometry'],
+                                   [1, 1, 2, 2, 2])
+    assert [h.labels[p] for p in h.parent[2:]] == ['CS', 'Math', 'Math']
+
+
+def test_the_checkpoint_example_runs_as_a_file_in_the_repository_folder(tmp_path):
+    """The example saved under the README's name beside the modules, with a demo checkpoint whose
+    label biases (+-20, far beyond its scores) predict science, physics, optics, arts and no
+    other; and the same file elsewhere, where Python finds no evaluate.py."""
+    text = section('Using lhmix.py in another project')
+    name = re.search(r'save this as `(\w+\.py)`', text)[1]
+    block, = [b for b in re.findall(r'```python\n(.*?)```', text, re.S) if 'load_checkpoint' in b]
+    env = repository(tmp_path)
+    h, splits = data.load_demo()
+    mlm, tokenizer = data.tiny_bert([t for t, _ in splits['train']] + h.names)
+    model = lhmix.build_model(mlm, tokenizer, h, 'prompt', max_length=128)
+    with torch.no_grad():
+        model.label_bias.fill_(-20.0)
+        model.label_bias[[h.index[v] for v in ('science', 'physics', 'optics', 'arts')]] = 20.0
+    runs.save_checkpoint(str(tmp_path / 'out' / 'demo-prompt-lhmix-s0' / 'best'), model,
+                         tokenizer, {})
+    (tmp_path / name).write_text(block, 'utf-8')
+    out = subprocess.run([sys.executable, name], cwd=tmp_path, env=env, text=True,
+                         capture_output=True, timeout=300)
+    assert (out.returncode, out.stdout) == (0, "[['science', 'physics', 'optics'], ['arts']]\n"), \
+        out.stderr
+    elsewhere = tmp_path / 'elsewhere'
+    elsewhere.mkdir()
+    shutil.copy(tmp_path / name, elsewhere)
+    out = subprocess.run([sys.executable, name], cwd=elsewhere, env=env, text=True,
+                         capture_output=True, timeout=300)
+    assert out.returncode == 1
+    assert out.stderr.splitlines()[-1] == "ModuleNotFoundError: No module named 'evaluate'"
