@@ -1,11 +1,14 @@
-"""Figures of finished train.py runs, grouped by setting as tools/summary.py groups them, each
-into --out as NAME.svg (or .png):
+"""Figures of finished train.py runs, grouped and named by setting as tools/summary.py groups and
+names them, each into --out as NAME.svg (or .png):
 
   curves                dev macro- and micro-F1 per epoch, mean over seeds +- sd
-  lambda                the mixing ratios per epoch, and where they lie on Eq. 4's curve (Fig. 3)
-  fig4_train_fraction   test F1 against --train-fraction (Fig. 4)
-  fig5_alpha_beta       test macro-F1 over the --alpha grid and the --beta grid (Fig. 5)
-  fig7_depth_frequency  test macro-F1 per depth and per label-frequency quartile (Fig. 7)
+  lambda                the mixing ratios per epoch, a panel a setting, and where they lie on
+                        Eq. 4's curve at each LH-Mix setting's alpha and beta
+  fig4_train_fraction   test F1 against the share of the training data (Fig. 4)
+  fig5_alpha_beta       test macro-F1 over the alpha grid and the beta grid, the other settings
+                        as reference lines (Fig. 5)
+  fig7_depth_frequency  test macro-F1 per depth and per label-frequency quartile, with each
+                        setting's gain over the one without Mixup (Fig. 7)
 
 A figure whose runs are not given is skipped, in a line saying what it needs. Needs matplotlib
 (pip install matplotlib); the reference does not.
@@ -24,9 +27,11 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import data  # noqa: E402
 import runs  # noqa: E402
-from summary import finished_run, setting_name, settings  # noqa: E402
+from summary import (GREEK, control, fig7_columns, finished_run, mean_sd,  # noqa: E402
+                     setting_names, settings)
 
 START = {'svg': b'<?xml', 'png': b'\x89PNG'}  # how matplotlib's files of each format begin
+MIXING = ('mix', 'alpha', 'beta', 'mix_alpha')  # the arguments of the mixing alone
 
 
 def read_history(folder):
@@ -41,16 +46,6 @@ def read_history(folder):
                 'lambda': [h['lambda']['quantiles'] if h['mix'] else None for h in lines]}
 
 
-def mean_sd(x):
-    """Mean and sd (ddof 1) over axis 0 of the values that are not NaN: NaN where there are none,
-    the sd NaN where there is one."""
-    x = np.asarray(x, dtype=float)
-    n = (~np.isnan(x)).sum(0)
-    with np.errstate(invalid='ignore'):  # 0 / 0
-        mean = np.nansum(x, 0) / n
-        return mean, np.sqrt(np.nansum((x - mean) ** 2, 0) / (n - 1))
-
-
 def ragged(rows, shape=()):
     """Runs' rows of different lengths (early stopping) as one array, NaN past each run's end."""
     out = np.full((len(rows), max(map(len, rows)), *shape), np.nan)
@@ -59,158 +54,222 @@ def ragged(rows, shape=()):
     return out
 
 
-def legend(fig, ax, *extra):
-    """One legend for the whole figure, below it: the labelled artists of `ax`, then `extra`."""
-    fig.legend(handles=ax.get_legend_handles_labels()[0] + list(extra), ncols=2,
-               loc='outside lower center')
+def colours(n):
+    """A colour for each of n settings: matplotlib's ten, or past ten a sequential map, which
+    shows a grid given in its order as that order."""
+    from matplotlib import colormaps
+    return [f'C{i}' for i in range(n)] if n <= 10 else colormaps['viridis'](np.linspace(0, .9, n))
+
+
+def legend(fig, *extra):
+    """One legend for the whole figure, below it: each label of its axes once, then `extra`."""
+    labelled = {}
+    for ax in fig.get_axes():
+        labelled.update(zip(*ax.get_legend_handles_labels()[::-1]))
+    fig.legend(handles=[*labelled.values(), *extra], ncols=3, loc='outside lower center')
 
 
 def curves(fig, groups, history):
     """Dev F1 per epoch: each setting's mean over the runs that reached the epoch, +- sd; each
-    run's best dev epoch; the first epoch with Mixup."""
+    run's best dev epoch; the first epoch with Mixup (once for the settings that share it)."""
     from matplotlib.lines import Line2D
+    colour = colours(len(groups))
+    starts = sorted({min(e for r in s.folders for e, q in enumerate(history[r]['lambda']) if q)
+                     for s in groups if any(q for r in s.folders for q in history[r]['lambda'])})
     for ax, f1 in zip(fig.subplots(1, 2), ('macro', 'micro')):
         for i, s in enumerate(groups):
             runs_f1 = [history[r][f1] for r in s.folders]
             mean, sd = mean_sd(ragged(runs_f1))
             epochs = np.arange(len(mean))
-            ax.plot(epochs, mean, '.-', color=f'C{i}', label=s.name, gid=f'{f1}-mean-{i}')
-            ax.fill_between(epochs, mean - sd, mean + sd, color=f'C{i}', alpha=0.2,
+            ax.plot(epochs, mean, '.-', color=colour[i], label=s.name, gid=f'{f1}-mean-{i}')
+            ax.fill_between(epochs, mean - sd, mean + sd, color=colour[i], alpha=0.2,
                             gid=f'{f1}-sd-{i}')  # none where one run reached the epoch
             best = [t['best_epoch'] for t in s.tests]
-            ax.plot(best, [run[b] for run, b in zip(runs_f1, best)], '*', ms=10, color=f'C{i}',
-                    gid=f'{f1}-best-{i}')
-            mixed = [e for r in s.folders for e, q in enumerate(history[r]['lambda']) if q]
-            if mixed:
-                ax.axvline(min(mixed), ls=':', color=f'C{i}', gid=f'{f1}-mixup-{i}')
+            ax.plot(best, [run[b] for run, b in zip(runs_f1, best)], '*', ms=10,
+                    color=colour[i], gid=f'{f1}-best-{i}')
+        for e in starts:
+            ax.axvline(e, ls=':', color='k', gid=f'{f1}-mixup-{e}')
         ax.set(xlabel='epoch', ylabel=f'dev {f1}-F1 (%)', title=f'dev {f1}-F1')
         ax.xaxis.get_major_locator().set_params(integer=True)
-    legend(fig, ax, Line2D([], [], ls='none', marker='*', ms=10, color='k',
-                           label='best dev epoch, each run'),
+    legend(fig, Line2D([], [], ls='none', marker='*', ms=10, color='k',
+                       label='best dev epoch, each run'),
            Line2D([], [], ls=':', color='k', label='Mixup starts (after the warm-up)'))
     fig.suptitle('Dev F1 per epoch: the mean over the seeds that reached it (line) ± sd (band)')
 
 
 def ratios(fig, groups, history):
-    """Each mixing setting's lambda quantiles per epoch, averaged over its runs, as bands; beside,
-    Eq. 4's curve for each LH-Mix setting's alpha and beta (Fig. 3) and the similarities s that
-    its lambda quantiles (averaged over epochs and runs) imply."""
+    """Each mixing setting's lambda quantiles per epoch, averaged over its runs, as bands in a
+    panel of its own; beside, Eq. 4's curve at each alpha and beta of the LH-Mix settings (once
+    for the settings that share them), and the similarities s that each setting's lambda
+    quantiles (averaged over epochs and runs) imply on it."""
     mixing = [(i, s) for i, s in enumerate(groups)
               if any(q for r in s.folders for q in history[r]['lambda'])]
     if not mixing:
         return 'needs runs that mixed (--mix lhmix or mixup, past --warmup-epochs)'
-    lhmix = [(i, s) for i, s in mixing if s.args['mix'] == 'lhmix']
-    axes = fig.subplots(1, 1 + bool(lhmix), squeeze=False)[0]
-    for i, s in mixing:
+    colour, lhmix = colours(len(groups)), [(i, s) for i, s in mixing if s.args['mix'] == 'lhmix']
+    cols = min(len(mixing), 3)  # room for a title of 35 characters
+    rows = -(-len(mixing) // cols)
+    fig.set_size_inches(12, 2.5 + 1.7 * rows)
+    left, right = fig.subfigures(1, 2, width_ratios=(2, 1)) if lhmix else (fig.subfigures(), None)
+    axes = left.subplots(rows, cols, sharex=True, sharey=True, squeeze=False).ravel()
+    for ax in axes[len(mixing):]:
+        ax.set_axis_off()
+    quantiles = {}  # each LH-Mix setting's, over its epochs and runs
+    for ax, (i, s) in zip(axes, mixing):
         percents = next(list(q) for r in s.folders for q in history[r]['lambda'] if q)
         lam = ragged([[[q[p] for p in percents] if q else [np.nan] * len(percents)
                        for q in history[r]['lambda']] for r in s.folders], (len(percents),))
         per_epoch, m = mean_sd(lam)[0], len(percents) // 2  # m: the median's index
         epochs = np.arange(len(per_epoch))
         for lo in range(m):  # the outermost band first, so the inner ones lie on it
-            axes[0].fill_between(epochs, per_epoch[:, lo], per_epoch[:, -1 - lo], alpha=0.2,
-                                 color=f'C{i}', lw=0, gid=f'lambda-{i}-{lo}')
-        axes[0].plot(epochs, per_epoch[:, m], '.-', color=f'C{i}', label=s.name,
-                     gid=f'lambda-median-{i}')
-        if s.args['mix'] != 'lhmix':
-            continue
-        alpha, beta = s.args['alpha'], s.args['beta']
-        sim = np.linspace(0, 1, 201)
-        axes[1].plot(sim, beta - (beta - 0.5) * sim ** alpha, color=f'C{i}', gid=f'eq4-{i}',
-                     label=f'α {alpha}, β {beta}' + ': λ = 0.5 for every s' * (beta == 0.5))
-        if beta > 0.5:  # Eq. 4 solved for s; a ratio rounded past 0.5 or beta is s = 1 or 0
-            q = mean_sd(lam.reshape(-1, len(percents)))[0]
-            implied = ((beta - np.clip(q, 0.5, beta)) / (beta - 0.5)) ** (1 / alpha)
-            axes[1].plot(implied, q, 'o', color=f'C{i}', gid=f'eq4-quantiles-{i}')
-            for lo in range(m):
-                axes[1].axvspan(implied[-1 - lo], implied[lo], alpha=0.15, color=f'C{i}', lw=0,
-                                gid=f'eq4-{i}-{lo}')
-    bands = ', '.join(f'{percents[lo]}–{percents[-1 - lo]}%' for lo in range(m))
-    axes[0].set(xlabel='epoch', ylabel='mixing ratio λ (folded to [0.5, 1])',
-                title=f'λ per epoch: the median, bands {bands}')
+            ax.fill_between(epochs, per_epoch[:, lo], per_epoch[:, -1 - lo], alpha=0.2,
+                            color=colour[i], lw=0, gid=f'lambda-{i}-{lo}')
+        ax.plot(epochs, per_epoch[:, m], '.-', color=colour[i], label=s.name,
+                gid=f'lambda-median-{i}')
+        ax.set_title(s.name, fontsize='small', color=colour[i])
+        quantiles[i] = mean_sd(lam.reshape(-1, len(percents)))[0]
+    # lambda, folded, lies in [0.5, 1]; fixed, ratios all at about 0.5 read without an offset
+    axes[0].set_ylim(0.48, 1.02)
     axes[0].xaxis.get_major_locator().set_params(integer=True)
+    left.supxlabel('epoch')
+    left.supylabel('mixing ratio λ (folded to [0.5, 1])')
+    bands = ', '.join(f'{percents[lo]}–{percents[-1 - lo]}%' for lo in range(m))
+    left.suptitle(f'λ per epoch: the median (line), bands {bands} of the pairs')
     if lhmix:
-        axes[1].set(xlabel='similarity s (Eq. 3); dots and bands: the s of the λ quantiles',
-                    ylabel='λ', xlim=(0, 1),
-                    title=r'Eq. 4 (Fig. 3): $\lambda = \beta - (\beta - 0.5)\,s^\alpha$')
-        axes[1].legend()
-    legend(fig, axes[0])
-    fig.suptitle('Mixing ratios λ of the pairs: quantiles averaged over seeds (right: also over '
-                 'epochs)')
+        ax, sim = right.subplots(), np.linspace(0, 1, 201)
+        pairs = dict.fromkeys((s.args['alpha'], s.args['beta']) for _, s in lhmix)
+        for alpha, beta in pairs:
+            ax.plot(sim, beta - (beta - 0.5) * sim ** alpha, color='0.6', lw=1,
+                    gid=f'eq4-{alpha:g}-{beta:g}')
+        for i, s in lhmix:
+            alpha, beta, q = s.args['alpha'], s.args['beta'], quantiles[i]
+            if beta > 0.5:  # Eq. 4 solved for s; a ratio rounded past 0.5 or beta is s = 1 or 0
+                implied = ((beta - np.clip(q, 0.5, beta)) / (beta - 0.5)) ** (1 / alpha)
+                ax.plot(implied, q, 'o', ms=4, color=colour[i], gid=f'eq4-quantiles-{i}')
+        grid = [ab for ab in pairs if ab[1] > 0.5]  # the control's names itself
+        at = (f'α {grid[0][0]:g}, β {grid[0][1]:g}' if len(grid) == 1 else
+              "each LH-Mix setting's α, β")
+        ax.set(xlabel='similarity s (Eq. 3)', ylabel='λ', xlim=(0, 1), ylim=(0.48, 1.02),
+               title=f'Eq. 4 at {at} (grey);\ndots: the s of the λ quantiles')
+    legend(fig)
+    fig.suptitle('Mixing ratios λ of the pairs: quantiles averaged over the seeds'
+                 + ' (right: also over the epochs)' * bool(lhmix))
 
 
-def series(groups, keys, x):
+def series(groups, x):
     """The settings that differ only in argument `x`, as lines {name: settings in order of x},
-    each named by its values of `keys`."""
+    each named as setting_names names its settings without x."""
     lines = {}
-    for s in groups:
-        lines.setdefault(setting_name(s.args, keys), []).append(s)
+    for s, name in zip(groups, setting_names([s.args for s in groups], without=(x,))):
+        lines.setdefault(name, []).append(s)
     return {name: sorted(ss, key=lambda s: s.args[x]) for name, ss in lines.items()}
 
 
-def errorbars(ax, lines, x, f1, gid):
+def errorbars(ax, lines, x, f1, gid, colour, tick='{:g}'):
     """Test F1 (%) of each line's settings: mean +- sd over their runs; ticks at the x given."""
     for i, (name, ss) in enumerate(lines.items()):
         mean, sd = np.transpose([mean_sd([100 * t[f1] for t in s.tests]) for s in ss])
-        drawn = ax.errorbar([s.args[x] for s in ss], mean, sd, marker='o', capsize=3, label=name)
+        drawn = ax.errorbar([s.args[x] for s in ss], mean, sd, marker='o', capsize=3,
+                            color=colour[name], label=name)
         drawn.lines[0].set_gid(f'{gid}-{i}')
     grid = sorted({s.args[x] for ss in lines.values() for s in ss})
-    ax.set_xticks(grid, [f'{v:g}' for v in grid])
+    ax.set_xticks(grid, [tick.format(v) for v in grid])
     ax.minorticks_off()
 
 
-def fig4(fig, groups, varying):
-    """Test F1 against --train-fraction, a line for each setting of the other arguments."""
-    if len({s.args['train_fraction'] for s in groups}) < 2:
-        return 'needs runs at two or more --train-fraction'
-    lines = series(groups, [k for k in varying if k != 'train_fraction'], 'train_fraction')
+def fig4(fig, groups):
+    """Test F1 against the share of the training data, a line for each setting of the other
+    arguments given at two or more shares (Table 3's runs give the full data's point)."""
+    lines = {n: ss for n, ss in series(groups, 'train_fraction').items() if len(ss) > 1}
+    if not lines:
+        return 'needs a setting at two or more --train-fraction'
+    colour = dict(zip(lines, colours(len(lines))))
     for ax, f1 in zip(fig.subplots(1, 2), ('micro', 'macro')):
-        errorbars(ax, lines, 'train_fraction', f'{f1}_f1', f'fig4-{f1}')
-        ax.set(xlabel='--train-fraction (of the training documents)', ylabel=f'test {f1}-F1 (%)',
+        ax.set_xscale('log')  # the paper's shares: 10%, 25%, 50% and all
+        errorbars(ax, lines, 'train_fraction', f'{f1}_f1', f'fig4-{f1}', colour, '{:.0%}')
+        ax.set(xlabel='share of the training data', ylabel=f'test {f1}-F1 (%)',
                title=f'test {f1}-F1')
-    legend(fig, ax)
-    fig.suptitle('Fig. 4: test F1 against the training data used, mean ± sd over seeds')
+    legend(fig)
+    fig.suptitle('Fig. 4: test F1 against the training data used, mean ± sd over the seeds')
 
 
-def fig5(fig, groups, varying):
-    """Test macro-F1 over the alpha grid at a fixed beta, and over the beta grid at a fixed alpha,
-    of the LH-Mix settings."""
+def fig5(fig, groups):
+    """Test macro-F1 of the LH-Mix settings over the alpha grid at a fixed beta, and over the beta
+    grid at a fixed alpha; every other setting given (the lambda = 0.5 control, Prompt) as a
+    horizontal line at its mean, its sd as a band."""
     grids = {}
-    for x, fixed in (('alpha', 'beta'), ('beta', 'alpha')):
-        keys = [fixed] + [k for k in varying if k not in ('alpha', 'beta')]
-        lines = series([s for s in groups if s.args['mix'] == 'lhmix'], keys, x)
-        if any(len(ss) > 1 for ss in lines.values()):
-            grids[x, fixed] = {name: ss for name, ss in lines.items() if len(ss) > 1}
+    for x in GREEK:
+        lines = {n: ss for n, ss in series(groups, x).items() if len(ss) > 1
+                 and ss[0].args['mix'] == 'lhmix' and not control(ss[0].args)}
+        if lines:
+            grids[x] = lines
     if not grids:
         return 'needs LH-Mix runs at two or more --alpha (one --beta) or --beta (one --alpha)'
-    for ax, ((x, fixed), lines) in zip(fig.subplots(1, len(grids), squeeze=False)[0],
-                                       grids.items()):
+    on_lines = {s.name for lines in grids.values() for ss in lines.values() for s in ss}
+    references = [s for s in groups if s.name not in on_lines]
+    names = [*dict.fromkeys(n for lines in grids.values() for n in lines),
+             *(s.name for s in references)]
+    colour = dict(zip(names, colours(len(names))))
+    for ax, (x, lines) in zip(fig.subplots(1, len(grids), squeeze=False)[0], grids.items()):
         ax.set_xscale('log' if x == 'alpha' else 'linear')  # the paper's alpha grid: 0.1 to 10
-        errorbars(ax, lines, x, 'macro_f1', f'fig5-{x}')
-        ax.set(xlabel=f'--{x} (Eq. 4)', ylabel='test macro-F1 (%)',
-               title=f'over {x}, {fixed} fixed')
-        ax.legend()
-    fig.suptitle("Fig. 5: test macro-F1 over Eq. 4's parameters, mean ± sd over seeds")
+        errorbars(ax, lines, x, 'macro_f1', f'fig5-{x}', colour)
+        for j, s in enumerate(references):
+            mean, sd = mean_sd([100 * t['macro_f1'] for t in s.tests])
+            ax.axhline(mean, ls='--', color=colour[s.name], label=s.name,
+                       gid=f'fig5-{x}-reference-{j}')
+            if len(s.tests) > 1:
+                ax.axhspan(mean - sd, mean + sd, color=colour[s.name], alpha=0.15, lw=0,
+                           gid=f'fig5-{x}-reference-sd-{j}')
+        other = GREEK[next(k for k in GREEK if k != x)]
+        ax.set(xlabel=f'{GREEK[x]} (Eq. 4)', ylabel='test macro-F1 (%)',
+               title=f'over {GREEK[x]}, {other} fixed')
+    legend(fig)
+    fig.suptitle("Fig. 5: test macro-F1 over Eq. 4's parameters, mean ± sd over the seeds; "
+                 'dashed: the other settings given')
 
 
 def fig7(fig, groups):
-    """Test macro-F1 per depth and per label-frequency quartile, a bar for each setting."""
-    width = 0.8 / len(groups)
-    for ax, part in zip(fig.subplots(1, 2), ('depth', 'quartile')):
+    """Test macro-F1 per depth (of the deepest tree given) and per label-frequency quartile, a bar
+    for each setting, mean +- sd over its runs, on an axis that starts near the lowest bar; above
+    each bar the setting's gain over the setting without Mixup (Prompt, BERT) of its other
+    arguments, as the paper's Fig. 7 writes + Mixup's and + LH-Mix's over Prompt's."""
+    heads, depths, by = fig7_columns([t for s in groups for t in s.tests])
+    ends = np.cumsum([0, *(len(s.tests) for s in groups)])
+    stats = [mean_sd(by[a:b]) for a, b in zip(ends, ends[1:])]
+    rest = [json.dumps({k: v for k, v in s.args.items() if k not in MIXING}, sort_keys=True)
+            for s in groups]
+    # the first setting without Mixup given of each arch and other arguments
+    unmixed = {r: i for i, r in reversed(list(enumerate(rest))) if groups[i].args['mix'] == 'none'}
+    colour, width = colours(len(groups)), 0.8 / len(groups)
+    for ax, part in zip(fig.subplots(1, 2, width_ratios=(depths, len(heads) - depths)),
+                        ('depth', 'quartile')):
+        cols = slice(0, depths) if part == 'depth' else slice(depths, None)
+        at = np.arange(1, len(heads[cols]) + 1)
+        tops = []
         for i, s in enumerate(groups):
-            mean, sd = mean_sd([[100 * f['macro_f1'] for f in (
-                t['per_depth'].values() if part == 'depth' else t['by_frequency'])]
-                for t in s.tests])
-            at = np.arange(1, len(mean) + 1)
-            bars = ax.bar(at + (i - (len(groups) - 1) / 2) * width, mean, width, yerr=sd,
-                          capsize=2, color=f'C{i}', label=s.name)
-            for k, bar in zip(at, bars):
+            mean, sd = stats[i][0][cols], np.nan_to_num(stats[i][1][cols])  # no sd of one run
+            has = ~np.isnan(mean)  # none past the setting's own depth
+            x = at + (i - (len(groups) - 1) / 2) * width
+            bars = ax.bar(x[has], mean[has], width, yerr=sd[has], capsize=2, color=colour[i],
+                          label=s.name)
+            for k, bar in zip(at[has], bars):
                 bar.set_gid(f'fig7-{part}-{i}-{k}')
-        ax.set_xticks(at, at)
+            tops += [*(mean - sd)[has], *(mean + sd)[has]]
+            if unmixed.get(rest[i], i) != i:
+                gain = mean - stats[unmixed[rest[i]]][0][cols]
+                for k in at[has & ~np.isnan(gain)]:
+                    ax.annotate(f'{gain[k - 1]:+.2f}', (x[k - 1], (mean + sd)[k - 1]), (0, 2),
+                                textcoords='offset points', rotation=90, ha='center',
+                                va='bottom', fontsize=7, gid=f'fig7-{part}-gain-{i}-{k}')
+        lo, hi = min(tops), max(tops)
+        span = hi - lo or 1
+        ax.set_ylim(lo - 0.1 * span, hi + 0.35 * span)  # room for the gains above the bars
+        ax.set_xticks(at, [h.replace(': ', '\n').replace(' (', '\n(') for h in heads[cols]])
         ax.set(ylabel='test macro-F1 (%)', xlabel='depth in the hierarchy' if part == 'depth'
-               else 'label-frequency quartile (by training documents; 1: the rarest)')
-    legend(fig, ax)
-    fig.suptitle('Fig. 7: test macro-F1 per depth and per label frequency, mean ± sd over seeds')
+               else 'label-frequency quartile (by training documents; Q1: the rarest)')
+    legend(fig)
+    fig.suptitle('Fig. 7: test macro-F1 per depth and per label frequency, mean ± sd over the '
+                 'seeds\nabove a bar: its gain over the setting without Mixup, in points')
 
 
 def plot(args):
@@ -220,12 +279,12 @@ def plot(args):
         from matplotlib.figure import Figure  # not pyplot: off-screen (PNGs by Agg), no window
     except ImportError:
         raise ValueError('tools/plot.py needs matplotlib: pip install matplotlib') from None
-    groups, varying = settings(args.runs)
+    groups = settings(args.runs)
     history = {r: read_history(r) for s in groups for r in s.folders}
     figures = {'curves': lambda fig: curves(fig, groups, history),
                'lambda': lambda fig: ratios(fig, groups, history),
-               'fig4_train_fraction': lambda fig: fig4(fig, groups, varying),
-               'fig5_alpha_beta': lambda fig: fig5(fig, groups, varying),
+               'fig4_train_fraction': lambda fig: fig4(fig, groups),
+               'fig5_alpha_beta': lambda fig: fig5(fig, groups),
                'fig7_depth_frequency': lambda fig: fig7(fig, groups)}
     why = runs.unwritable(os.path.abspath(args.out))
     if why:

@@ -1,7 +1,8 @@
 """Mean +- sd of finished train.py runs per setting, and Welch's p-value of each setting against
 the first (the paper's appendix reports T-tests without naming which; Welch's does not assume
-equal variances; needs scipy, else the p-values are left out); or the figures of another tool's
-predictions, as evaluate.py reports a checkpoint's.
+equal variances; needs scipy, else the p-values are left out), then Fig. 7's macro-F1 per depth
+and label-frequency quartile: two Markdown tables, each setting named as the paper names Table
+3's rows; or the figures of another tool's predictions, as evaluate.py reports a checkpoint's.
 
     python tools/summary.py runs/prompt-lhmix-s? runs/prompt-mixup-s?
     python tools/summary.py --predictions preds.jsonl --data demo
@@ -21,6 +22,10 @@ import evaluate  # noqa: E402
 import runs  # noqa: E402
 
 NOT_SETTINGS = ('seed', 'data_dir')  # a run's arguments that do not change what it measures
+# Table 3's rows, as the paper's text names them (its table writes "Bert" and "+Mixup")
+ARCHS, MIXES = {'prompt': 'Prompt', 'bert': 'BERT'}, {'none': '', 'mixup': ' + Mixup',
+                                                      'lhmix': ' + LH-Mix'}
+GREEK = {'alpha': 'α', 'beta': 'β'}
 
 
 @contextlib.contextmanager
@@ -32,23 +37,63 @@ def finished_run(path):
         raise ValueError(f'{path}: not a finished train.py run ({e!r})') from None
 
 
-def setting_name(args, keys):
-    """A setting named by its values of `keys`, the arguments that tell it from the others."""
-    return ' '.join(f'{k}={args.get(k)}' for k in keys) or 'all runs'
+def control(args):
+    """Whether a run is the lambda = 0.5 control: LH-Mix at beta 0.5, where Eq. 4 gives 0.5 for
+    every pair whatever alpha is."""
+    return args['mix'] == 'lhmix' and args['beta'] == 0.5
+
+
+def in_words(key, value):
+    """An argument in plain words: 'lr 0.0001', 'α 2', '10% of the training data'; a switch by
+    its name when on, nothing when off."""
+    words = GREEK.get(key, key.replace('_', ' '))
+    if key == 'train_fraction':
+        return f'{100 * value:g}% of the training data'
+    if isinstance(value, bool):
+        return words if value else ''
+    return f'{words} {value:g}' if isinstance(value, float) else f'{words} {value}'
+
+
+def setting_names(all_args, without=()):
+    """The name of each setting of `all_args` (their train.py arguments), as the paper names Table
+    3's rows ('Prompt + LH-Mix'), with what tells it from the others: LH-Mix's alpha and beta
+    where they vary among the LH-Mix settings, then each other argument that varies, in words
+    (the share of the training data first). The arguments `without` (a figure's x) are left out:
+    the settings that differ only in them share a name."""
+    def varies(key, among):
+        return len({json.dumps(a.get(key)) for a in among}) > 1
+
+    def name(a, extra=()):
+        out = ARCHS[a['arch']] + MIXES[a['mix']]
+        if control(a):
+            out += ', λ = 0.5 (control)'
+        elif a['mix'] == 'lhmix' and eq4:
+            out += ' (' + ', '.join(in_words(k, a[k]) for k in eq4) + ')'
+        return ', '.join([out, *filter(None, (in_words(k, a.get(k)) for k in [*words, *extra]))])
+
+    grid = [a for a in all_args if a['mix'] == 'lhmix' and not control(a)]
+    eq4 = [k for k in GREEK if k not in without] * any(varies(k, grid) for k in GREEK)
+    words = sorted((k for k in {k for a in all_args for k in a} if k not in (
+        'arch', 'mix', *GREEK, *without) and varies(k, all_args)),
+        key=lambda k: (k != 'train_fraction', k))
+    names = [name(a) for a in all_args]
+    # A name leaves out alpha and beta where they do not act (Mixup's, the control's alpha):
+    # settings that differ only there are told apart by them in words.
+    return [name(a, [k for k in GREEK if k not in without and varies(
+        k, [b for b, m in zip(all_args, names) if m == n])]) for a, n in zip(all_args, names)]
 
 
 @dataclass
 class Setting:
     """The finished runs of one setting: their arguments but NOT_SETTINGS all equal."""
-    name: str      # the arguments that tell it from the other settings given; 'all runs' if none
+    name: str      # setting_names' name among the settings given
     args: dict     # train.py's arguments, less NOT_SETTINGS
     folders: list  # each run's folder
     tests: list    # each run's test_metrics.json
 
 
 def settings(folders):
-    """Each run once, grouped by setting in the order given; and the argument names that differ
-    between the settings (they name them)."""
+    """Each run once, grouped by setting in the order given, named by setting_names."""
     groups = {}
     for run in dict.fromkeys(os.path.realpath(r) for r in folders):
         path = os.path.join(run, runs.TEST_METRICS)
@@ -59,41 +104,81 @@ def settings(folders):
         s = groups.setdefault(json.dumps(args, sort_keys=True), Setting('', args, [], []))
         s.folders.append(run)
         s.tests.append(m)
-    varying = sorted({k for s in groups.values() for k in s.args
-                      if len({json.dumps(t.args.get(k)) for t in groups.values()}) > 1})
-    for s in groups.values():
-        s.name = setting_name(s.args, varying)
-    return list(groups.values()), varying
+    groups = list(groups.values())
+    for s, name in zip(groups, setting_names([s.args for s in groups])):
+        s.name = name
+    return groups
+
+
+def fig7_columns(tests):
+    """Fig. 7's columns over the runs' test_metrics.json `tests`: each depth of the deepest tree
+    given, then each label-frequency quartile (rarest first), named with their label count and
+    training-document range where the runs agree on them; the number of depths; and each run's
+    macro-F1 (%) in each column, NaN below its own tree's depth."""
+    depths = max(len(t['per_depth']) for t in tests)
+    cells = [[*(t['per_depth'].get(str(d)) for d in range(1, depths + 1)), *t['by_frequency']]
+             for t in tests]
+    heads = []
+    for j, column in enumerate(zip(*cells)):
+        head = f'depth {j + 1}' if j < depths else f'Q{j - depths + 1}'
+        about = {(f['labels'], f.get('train_docs_min'), f.get('train_docs_max'))
+                 for f in column if f}
+        if len(about) == 1:  # the runs agree on it
+            labels, lo, hi = about.pop()
+            head += (f' ({labels} labels)' if j < depths else
+                     f': {lo}–{hi} training docs ({labels} labels)')
+        heads.append(head)
+    return heads, depths, np.array([[np.nan if f is None else 100 * f['macro_f1'] for f in row]
+                                    for row in cells])
+
+
+def mean_sd(x):
+    """Mean and sd (ddof 1) over axis 0 of the values that are not NaN: NaN where there are none,
+    the sd NaN where there is one."""
+    x = np.asarray(x, dtype=float)
+    n = (~np.isnan(x)).sum(0)
+    with np.errstate(invalid='ignore'):  # 0 / 0
+        mean = np.nansum(x, 0) / n
+        return mean, np.sqrt(np.nansum((x - mean) ** 2, 0) / (n - 1))
+
+
+def markdown(cells):
+    return '| ' + ' | '.join(map(str, cells)) + ' |'
 
 
 def summary(folders):
-    """Each run once, grouped by setting: n, mean +- sd, Welch's p against the first group, and
-    Fig. 7's macro-F1 per depth and label-frequency quartile."""
-    groups, _ = settings(folders)
+    """Each run once, grouped by setting, as two Markdown tables: n, mean +- sd, Welch's p against
+    the first setting; Fig. 7's macro-F1 per depth and label-frequency quartile."""
+    groups = settings(folders)
     try:
         from scipy.stats import ttest_ind
     except ImportError:
         ttest_ind = None
         print('(no p-values without scipy: pip install scipy)')
-    table = [f"{'setting':<50} {'n':>2}  {'micro-F1':<13}  {'macro-F1':<13}  p vs first"]
-    fig7 = [f"\n{'setting':<50} macro-F1 per depth, then per label-frequency quartile "
-            '(rarest first)']
+    heads, _, by = fig7_columns([t for s in groups for t in s.tests])
+    head = ['setting', 'n', 'test micro-F1 (%)', 'test macro-F1 (%)',
+            f"Welch's p against {groups[0].name} (micro, macro)"]
+    table = [markdown(head), markdown(['---'] * len(head))]
+    fig7 = ['', markdown(['test macro-F1 (%), mean over the runs', *heads]),
+            markdown(['---'] * (1 + len(heads)))]
     rows = []
     for group in groups:
-        setting, ms = group.name, group.tests
-        f1, n = 100 * np.array([(m['micro_f1'], m['macro_f1']) for m in ms]), len(ms)
+        f1 = 100 * np.array([(m['micro_f1'], m['macro_f1']) for m in group.tests])
+        n = len(f1)
         sd = p = None  # one run has no sd and no p-value
         if n > 1:
             sd = f1.std(0, ddof=1)
             if rows and ttest_ind and rows[0]['n'] > 1:
                 p = ttest_ind(f1, rows[0]['f1'], equal_var=False).pvalue
-        rows.append({'setting': setting, 'n': n, 'f1': f1, 'mean': f1.mean(0), 'sd': sd, 'p': p})
-        micro, macro = (f'{m:.2f}' + (f' ± {sd[i]:.2f}' if n > 1 else '')
-                        for i, m in enumerate(f1.mean(0)))
-        table.append(f'{setting:<50} {n:>2}  {micro:<13}  {macro:<13}  '
-                     + ('' if p is None else ', '.join(f'{x:.3g}' for x in p)))
-        by = [[f['macro_f1'] for f in [*m['per_depth'].values(), *m['by_frequency']]] for m in ms]
-        fig7.append(f'{setting:<50} ' + ' '.join(f'{x:6.2f}' for x in 100 * np.mean(by, 0)))
+        rows.append({'setting': group.name, 'n': n, 'f1': f1, 'mean': f1.mean(0), 'sd': sd,
+                     'p': p})
+        table.append(markdown([group.name, n, *(f'{m:.2f}' + (f' ± {sd[i]:.2f}' if n > 1 else '')
+                                                for i, m in enumerate(f1.mean(0))),
+                               '' if p is None else ', '.join(f'{x:.3g}' for x in p)]))
+        mine, by = by[:n], by[n:]
+        # empty where none of the setting's runs has the depth
+        fig7.append(markdown([group.name, *('' if np.isnan(x) else f'{x:.2f}'
+                                            for x in mean_sd(mine)[0])]))
     print('\n'.join(table + fig7))
     return rows
 

@@ -1,9 +1,9 @@
-"""Tests of tools/plot.py on tiny demo runs, reading its SVGs as text: each setting's label, the
-series and points of each figure, and where the points lie, checked against the runs' own files
-averaged here (statistics.mean and stdev) and against Eq. 4; the skipped figures, PNGs, and the
-one-line errors."""
+"""Tests of tools/plot.py on run folders written by hand (test_tools.fake_run), reading its SVGs
+as text: each setting's name, the series and points of each figure, and where they lie, checked
+against the runs' numbers averaged here (statistics.mean and stdev) and against Eq. 4; the
+skipped figures, PNGs, and the one-line errors."""
 import importlib.util
-import json
+import math
 import os
 import re
 import shutil
@@ -18,26 +18,57 @@ TOOLS = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(TOOLS))
 import plot  # noqa: E402
 import runs  # noqa: E402
-import train  # noqa: E402
-from test_train import FAST, error_of, read_metrics, tree_state  # noqa: E402
+from test_tools import fake_run  # noqa: E402
+from test_train import error_of, tree_state  # noqa: E402
 
 SVG, XLINK = '{http://www.w3.org/2000/svg}', '{http://www.w3.org/1999/xlink}href'
-# folder: flags. Three seeds of the first setting, one of the others; seed 2 at the grids' ends,
-# as at one seed the demo's settings score alike (their best dev epoch is 0, before Mixup)
-RUNS = {'lhmix-s0': [], 'lhmix-s1': ['--seed', '1'], 'lhmix-s2': None,  # s1 less its last epoch
-        'mixup': ['--mix', 'mixup'], 'fraction': ['--train-fraction', '0.02'],
-        'alpha2': ['--alpha', '2'], 'alpha0.5': ['--alpha', '0.5', '--seed', '2'],
-        'beta0.5': ['--beta', '0.5'], 'beta1': ['--beta', '1', '--seed', '2']}
-SETTINGS = [['lhmix-s0', 'lhmix-s1', 'lhmix-s2'], ['mixup'], ['fraction'],
-            ['alpha2'], ['alpha0.5'], ['beta0.5'], ['beta1']]  # as plot.py groups RUNS, in order
-NAMES = [f'alpha={a} beta={b} mix={m} train_fraction={f}' for a, b, m, f in [
-    (1.0, 0.75, 'lhmix', 0.01), (1.0, 0.75, 'mixup', 0.01), (1.0, 0.75, 'lhmix', 0.02),
-    (2.0, 0.75, 'lhmix', 0.01), (0.5, 0.75, 'lhmix', 0.01), (1.0, 0.5, 'lhmix', 0.01),
-    (1.0, 1.0, 'lhmix', 0.01)]]
-# alpha2's lambda quantiles in epochs 1 and 2, spread out (the demo's all lie near 0.5); the
-# largest, a rounding above beta 0.75, is s = 0
-LAMBDAS = [[0.5, 0.51, 0.53, 0.56, 0.6, 0.68, 0.7500001],
-           [0.5, 0.52, 0.55, 0.58, 0.62, 0.7, 0.7500001]]
+# lambda quantiles (0, 5, 25, 50, 75, 95, 100%) of an epoch; the largest of A and B, a rounding
+# above beta 0.75, is s = 0; NEAR lies within 2e-5 of 0.5, as the demo's do
+A = [0.5, 0.51, 0.53, 0.56, 0.6, 0.68, 0.7500001]
+B = [0.5, 0.52, 0.55, 0.58, 0.62, 0.7, 0.7500001]
+MIX, HALF = [0.5, 0.53, 0.63, 0.75, 0.87, 0.97, 1.0], [0.5] * 7
+NEAR = [0.5, 0.500003, 0.500008, 0.50001, 0.500012, 0.500014, 0.500015]
+LH, BERT = {'mix': 'lhmix'}, {'arch': 'bert'}
+# Table 3's rows: folder: (test micro, macro, macro per depth, per quartile, epochs (dev macro,
+# dev micro, lambdas), best epoch, arguments). Mixup from epoch 1 (BERT + LH-Mix: 2); lhmix-s2
+# stops an epoch early.
+TABLE3 = {
+    'lhmix-s0': (74, 49, (65, 48), (40, 41, 50, 66),
+                 [(40, 50, None), (42, 53, A), (45, 54, B)], 2, {}),
+    'lhmix-s1': (75, 50, (64, 47), (42, 40, 49, 65),
+                 [(41, 51, None), (44, 52, B), (43, 55, A)], 1, {'seed': 1}),
+    'lhmix-s2': (73, 48, (66, 46), (41, 42, 51, 67), [(39, 50, None), (43, 54, A)], 1,
+                 {'seed': 2}),
+    'half-s0': (74.2, 49.2, (64.8, 47.8), (41, 41, 48.5, 65.8),
+                [(40, 50, None), (41, 52, HALF), (44, 53, HALF)], 2, {'beta': 0.5}),
+    'half-s1': (74.1, 48.8, (64.6, 47.4), (41.5, 40.8, 48.9, 65.7),
+                [(40, 51, None), (42, 52, HALF), (43, 52, HALF)], 1, {'beta': 0.5, 'seed': 1}),
+    'mixup': (74.8, 48, (64.5, 46.5), (39.5, 39.5, 47.5, 65.8),
+              [(40, 51, None), (43, 52, MIX), (42, 53, MIX)], 1, {'mix': 'mixup'}),
+    'none-s0': (75.3, 48.3, (64, 45), (40, 39, 48, 66),
+                [(41, 50, None), (42, 52, None), (44, 53, None)], 2, {'mix': 'none'}),
+    'none-s1': (75.2, 47.8, (63, 46), (40.8, 39.4, 47.5, 66.1),
+                [(41, 51, None), (42, 51, None), (41, 52, None)], 1, {'mix': 'none', 'seed': 1}),
+    'bert-lhmix': (72.7, 45.5, (62, 44), (32, 35, 48, 66),
+                   [(35, 48, None), (36, 49, None), (38, 50, NEAR)], 2, BERT),
+    'bert': (74.7, 46.2, (63, 45), (32.5, 37.7, 48.7, 66.2),
+             [(35, 48, None), (37, 49, None), (38, 51, None)], 2, {**BERT, 'mix': 'none'})}
+T3 = [['lhmix-s0', 'lhmix-s1', 'lhmix-s2'], ['half-s0', 'half-s1'], ['mixup'],
+      ['none-s0', 'none-s1'], ['bert-lhmix'], ['bert']]  # as plot.py groups TABLE3, in order
+T3_NAMES = ['Prompt + LH-Mix', 'Prompt + LH-Mix, λ = 0.5 (control)', 'Prompt + Mixup', 'Prompt',
+            'BERT + LH-Mix', 'BERT']
+ARMS = {'none': {'mix': 'none'}, 'mixup': {'mix': 'mixup'}, 'lhmix': LH, 'half': {'beta': 0.5}}
+# Fig. 4: each arm at 10% and 50% of the training data, beside Table 3's at 100%
+FIG4 = {f'{arm}-{f}': (60 + 10 * f + k, 30 + 20 * f + k) for k, arm in enumerate(ARMS)
+        for f in (0.1, 0.5)}
+# Fig. 5: LH-Mix over the paper's alpha grid at beta 1 and its beta grid at alpha 1 (beta 0.75:
+# Table 3's Prompt + LH-Mix); (1, 1) at two seeds
+ALPHAS, BETAS = (0.1, 0.3, 0.6, 1, 2, 5, 10), (0.7, 0.8, 0.85, 0.9, 0.95)
+FIG5 = {**{f'alpha{a}': (a, 1) for a in ALPHAS}, **{f'beta{b}': (1, b) for b in BETAS}}
+
+
+def fig5_macro(alpha, beta, seed=0):
+    return 45 + math.log10(alpha) + 4 * (1 - beta) + seed / 2
 
 
 MATPLOTLIB = pytest.mark.skipif(importlib.util.find_spec('matplotlib') is None,
@@ -45,30 +76,33 @@ MATPLOTLIB = pytest.mark.skipif(importlib.util.find_spec('matplotlib') is None,
 
 
 @pytest.fixture(scope='module')
-def demo(tmp_path_factory):
-    """RUNS: 3 epochs, Mixup from epoch 1. lhmix-s2 is lhmix-s1 less its last epoch; alpha2's
-    ratios are LAMBDAS."""
-    root = tmp_path_factory.mktemp('plot')
-    for name, flags in RUNS.items():
-        if flags is not None:
-            train.main(FAST + ['--epochs', '3', '--warmup-epochs', '1', '--out', str(root / name),
-                               *flags])
-    (root / 'lhmix-s2').mkdir()
-    lines = read_metrics(root / 'lhmix-s1')[:2]
-    test = json.loads((root / 'lhmix-s1' / runs.TEST_METRICS).read_text())
-    test['args']['seed'] = 2
-    test['best_epoch'] = int(np.argmax([h['dev_macro_f1'] for h in lines]))
-    (root / 'lhmix-s2' / runs.TEST_METRICS).write_text(json.dumps(test))
-    write_metrics(root / 'lhmix-s2', lines)
-    lines = read_metrics(root / 'alpha2')
-    for line, lam in zip(lines[1:], LAMBDAS):
-        line['lambda']['quantiles'] = dict(zip(line['lambda']['quantiles'], lam))
-    write_metrics(root / 'alpha2', lines)
+def records(tmp_path_factory):
+    """TABLE3's, FIG4's and FIG5's runs, each in its folder."""
+    root = tmp_path_factory.mktemp('records')
+    for name, (micro, macro, depths, quartiles, history, best, args) in TABLE3.items():
+        fake_run(root / name, micro, macro, depths, quartiles, history, best, **args)
+    for name, (micro, macro) in FIG4.items():
+        arm, f = name.split('-')
+        fake_run(root / name, micro, macro, history=[(30, 40, None)], train_fraction=float(f),
+                 **ARMS[arm])
+    for name, (a, b) in FIG5.items():
+        for seed in range(1 + (name == 'alpha1')):
+            fake_run(root / f'{name}-s{seed}', 70, fig5_macro(a, b, seed), seed=seed,
+                     history=[(40, 50, None), (41, 51, list(np.linspace(0.5, b, 7)))],
+                     alpha=float(a), beta=float(b))
     return root
 
 
-def write_metrics(folder, lines):
-    (folder / runs.METRICS).write_text(''.join(json.dumps(h) + '\n' for h in lines))
+@pytest.fixture(scope='module')
+def figures(records, tmp_path_factory):
+    """The figures of Table 3's runs (t3), of Fig. 4's with them and BERT's, which has one share
+    of the data (f4), of Fig. 5's with Table 3's Prompt rows (f5)."""
+    out = tmp_path_factory.mktemp('figures')
+    t3 = [r for s in T3 for r in s]
+    fig5 = [*t3[:3], *(f'{n}-s{s}' for n in FIG5 for s in range(1 + (n == 'alpha1'))), *t3[3:8]]
+    for name, folders in [('t3', t3), ('f4', [*t3[:8], *FIG4, 'bert']), ('f5', fig5)]:
+        plot.main([str(records / r) for r in folders] + ['--out', str(out / name)])
+    return out
 
 
 def drawn(path):
@@ -89,9 +123,48 @@ def drawn(path):
     return out
 
 
+def texts(path):
+    """Each text of an SVG figure: {its group's id or '': [its lines]}."""
+    out = {}
+    for g in ET.parse(path).getroot().iter(SVG + 'g'):
+        for t in g.findall(SVG + 'text'):
+            out.setdefault(g.get('id', ''), []).append(''.join(t.itertext()))
+    return out
+
+
+def ticks(path):
+    """{axes' id: {'x': its x tick labels' lines, 'y': its y tick labels'}}."""
+    axes = [a for a in ET.parse(path).getroot().iter(SVG + 'g')
+            if re.fullmatch(r'axes_\d+', a.get('id', ''))]
+    return {a.get('id'): {x: [''.join(t.itertext()) for g in a.iter(SVG + 'g')
+                              if g.get('id', '').startswith(f'{x}tick_')
+                              for t in g.iter(SVG + 'text')] for x in 'xy'} for a in axes}
+
+
+def y_ticks(path, axes):
+    """(value, y) of each labelled y tick of an axes."""
+    a = next(g for g in ET.parse(path).getroot().iter(SVG + 'g') if g.get('id') == axes)
+    return [(float(''.join(next(t.iter(SVG + 'text')).itertext())),
+             float(next(t.iter(SVG + 'use')).get('y')))
+            for t in a.iter(SVG + 'g') if t.get('id', '').startswith('ytick_')]
+
+
+def frames(path):
+    """The vertical extent (top, bottom) of each axes' frame and of the legend's, in SVG points
+    (y downwards), by the ids matplotlib gives them."""
+    out = {}
+    for g in ET.parse(path).getroot().iter(SVG + 'g'):
+        frame = next(g.iter(SVG + 'path'), None)  # none in an empty panel
+        if re.fullmatch(r'(axes|legend)_\d+', g.get('id', '')) and frame is not None:
+            ys = [float(y) for y in re.findall(r'[ML] \S+ (\S+)', frame.get('d'))]
+            out[g.get('id')] = min(ys), max(ys)
+    return out
+
+
 def figure(folder, name):
-    """An SVG figure's text, and drawn() of it."""
-    return (folder / f'{name}.svg').read_text(), drawn(folder / f'{name}.svg')
+    """An SVG figure's texts (all, flat), and drawn() of it."""
+    path = folder / f'{name}.svg'
+    return [t for ts in texts(path).values() for t in ts], drawn(path)
 
 
 def same_scale(values, coordinates):
@@ -109,24 +182,38 @@ def mean(xs):
     return statistics.mean(xs), statistics.stdev(xs) if len(xs) > 1 else None
 
 
-@pytest.fixture(scope='module')
-def figures(demo, tmp_path_factory):
-    out = tmp_path_factory.mktemp('figures')
-    plot.main([str(demo / r) for s in SETTINGS for r in s] + ['--out', str(out)])
-    for name in ('curves', 'lambda', 'fig4_train_fraction', 'fig5_alpha_beta',
-                 'fig7_depth_frequency'):
-        assert os.path.getsize(out / f'{name}.svg') < 200_000
-    return out
+@MATPLOTLIB
+def test_every_figure_names_the_settings_as_the_paper_names_its_rows(figures):
+    for name, settings in [('curves', range(6)), ('lambda', [0, 1, 2, 4]),  # those that mixed
+                           ('fig7_depth_frequency', range(6))]:
+        text = figure(figures / 't3', name)[0]
+        assert all(T3_NAMES[i] in text for i in settings), name
+    fig4 = figure(figures / 'f4', 'fig4_train_fraction')[0]
+    assert all(n in fig4 for n in T3_NAMES[:4])
+    assert not [t for t in fig4 if 'BERT' in t or '%' in t and 'data' in t]  # no line at one share
+    fig5 = figure(figures / 'f5', 'fig5_alpha_beta')[0]
+    assert all(n in fig5 for n in ['Prompt + LH-Mix (β 1)', 'Prompt + LH-Mix (α 1)',
+                                   *T3_NAMES[1:4]])
+    for svg in figures.glob('*/*.svg'):  # no flag in any name, legend or title
+        assert not [t for t in figure(svg.parent, svg.stem)[0] if re.search(r'\w=|--', t)]
 
 
 @MATPLOTLIB
-def test_training_curves_mean_over_seeds_with_sd_best_epochs_and_mixup_start(demo, figures):
-    svg, ds = figure(figures, 'curves')
-    assert all(f'>{name}<' in svg for name in NAMES)
+def test_nothing_is_drawn_twice(figures):
+    """Settings that share Eq. 4's alpha and beta share its curve; those that start Mixup in one
+    epoch, its line: each named artist once in each figure."""
+    for svg in figures.glob('*/*.svg'):
+        ids = re.findall(r'<g id="((?:macro|micro|lambda|eq4|fig[457])-[^"]+)"', svg.read_text())
+        assert len(ids) == len(set(ids)), svg
+
+
+@MATPLOTLIB
+def test_training_curves_mean_over_seeds_with_sd_best_epochs_and_mixup_start(records, figures):
+    _, ds = figure(figures / 't3', 'curves')
     for f1 in ('macro', 'micro'):
         points = []  # (epoch, dev F1 or None, where it is drawn)
-        for i, folders in enumerate(SETTINGS):
-            dev = [[100 * h[f'dev_{f1}_f1'] for h in read_metrics(demo / r)] for r in folders]
+        for i, folders in enumerate(T3):
+            dev = [[h[f1 == 'micro'] for h in TABLE3[r][4]] for r in folders]
             marks, band = ds[f'{f1}-mean-{i}'][0], ds.get(f'{f1}-sd-{i}', (0, []))[1]
             assert len(marks) == 3 and bool(band) == (len(folders) > 1)
             for e, (x, y) in enumerate(marks):  # epoch 2: the mean of the runs that reached it
@@ -135,12 +222,14 @@ def test_training_curves_mean_over_seeds_with_sd_best_epochs_and_mixup_start(dem
                 if sd:  # the band's edges there: mean + sd above, mean - sd below
                     top, bottom = sorted({b for a, b in band if abs(a - x) < 1e-3})
                     points += [(e, m + sd, (x, top)), (e, m - sd, (x, bottom))]
-            best = [json.loads((demo / r / runs.TEST_METRICS).read_text())['best_epoch']
-                    for r in folders]
             stars = ds[f'{f1}-best-{i}'][0]
             assert len(stars) == len(folders)
-            points += [(b, run[b], xy) for run, b, xy in zip(dev, best, stars)]
-            points += [(1, None, xy) for xy in ds[f'{f1}-mixup-{i}'][1]]  # Mixup from epoch 1
+            points += [(TABLE3[r][5], run[TABLE3[r][5]], xy)
+                       for r, run, xy in zip(folders, dev, stars)]
+        # Mixup starts at epoch 1 for four settings, at 2 for BERT + LH-Mix: a line each epoch
+        assert sorted(k for k in ds if k.startswith(f'{f1}-mixup')) == [f'{f1}-mixup-1',
+                                                                       f'{f1}-mixup-2']
+        points += [(e, None, xy) for e in (1, 2) for xy in ds[f'{f1}-mixup-{e}'][1]]
         epochs, values, xy = zip(*points)
         x, y = np.array(xy).T
         assert same_scale(epochs, x)
@@ -149,123 +238,202 @@ def test_training_curves_mean_over_seeds_with_sd_best_epochs_and_mixup_start(dem
 
 
 @MATPLOTLIB
-def test_mixing_ratios_per_epoch_and_on_eq_4s_curve(demo, figures):
-    svg, ds = figure(figures, 'lambda')
-    assert all(f'>{name}<' in svg for name in NAMES)
-    assert 'α 1.0, β 0.5: λ = 0.5 for every s' in svg
-    values, ys = [], []
-    for i, folders in enumerate(SETTINGS):
-        q = [[list(h['lambda']['quantiles'].values()) for h in read_metrics(demo / r)[1:]]
-             for r in folders]
+def test_mixing_ratios_per_epoch_a_panel_each_and_on_eq_4s_curve(figures):
+    path = figures / 't3' / 'lambda.svg'
+    text, ds = figure(figures / 't3', 'lambda')
+    mixing = [0, 1, 2, 4]  # the settings that mixed
+    assert all(text.count(T3_NAMES[i]) == 2 for i in mixing)  # its panel's title, the legend
+    assert not [t for t in text if 'Fig. 3' in t]  # the runs' own curves, not Fig. 3's family
+    # each panel has the first's scale, read from its tick labels (slope a), in its own place
+    a = np.polyfit(*zip(*y_ticks(path, 'axes_1')), 1)[0]  # (offset b)
+    for i in mixing:
+        q = [[lam for *_, lam in TABLE3[r][4] if lam] for r in T3[i]]  # epochs with Mixup
         medians = ds[f'lambda-median-{i}'][0]
-        assert len(medians) == 2 and len([k for k in ds if k.startswith(f'lambda-{i}-')]) == 3
-        values += [statistics.mean(run[e][3] for run in q if e < len(run)) for e in (0, 1)]
-        ys += [y for _, y in medians]
-        lhmix = i != 1
-        assert (f'eq4-{i}' in ds) == lhmix
-        assert (f'eq4-quantiles-{i}' in ds) == (lhmix and i != 5)  # 5: beta 0.5, no s to infer
-    assert same_scale(values, ys)
-    for lo, hi in [(0, 6), (1, 5), (2, 4)]:  # alpha2's bands per epoch
-        edges = [y for _, y in ds[f'lambda-3-{lo}'][1]]
-        assert same_set(edges, np.polyval(np.polyfit(values, ys, 1), [
-            LAMBDAS[0][lo], LAMBDAS[1][lo], LAMBDAS[0][hi], LAMBDAS[1][hi]]))
-    # Eq. 4's curve for alpha 2, beta 0.75 runs from (s 0, lambda beta) to (s 1, lambda 0.5):
-    # its ends give the axes' scales; the dots and bands are read back through them
-    curve = ds['eq4-3'][1]
+        assert len(medians) == len(max(q, key=len))
+        per_epoch = [np.mean([run[e] for run in q if e < len(run)], 0)
+                     for e in range(len(medians))]
+        values, ys = [m[3] for m in per_epoch], [y for _, y in medians]
+        b = statistics.mean(y - a * v for v, y in zip(values, ys))
+        assert ys == pytest.approx([a * v + b for v in values], abs=1e-3)
+        assert len([k for k in ds if k.startswith(f'lambda-{i}-')]) == 3
+        for lo, hi in [(0, 6), (1, 5), (2, 4)]:  # the bands: the mean of the runs' quantiles
+            assert same_set([y for _, y in ds[f'lambda-{i}-{lo}'][1]],
+                            [a * m[k] + b for m in per_epoch for k in (lo, hi)])
+    # Eq. 4's curve once for the two settings at alpha 1, beta 0.75, once for the control
+    assert sorted(k for k in ds if re.fullmatch(r'eq4-[\d.]+-[\d.]+', k)) == ['eq4-1-0.5',
+                                                                              'eq4-1-0.75']
+    assert sorted(k for k in ds if k.startswith('eq4-quantiles')) == ['eq4-quantiles-0',
+                                                                      'eq4-quantiles-4']
+    # the curve runs from (s 0, lambda 0.75) to (s 1, lambda 0.5): its ends give the axes'
+    # scales, through which the dots are read back
+    curve = ds['eq4-1-0.75'][1]
     (x0, y0), (x1, y1) = curve[0], curve[-1]
-    s_of = (lambda x: (x - x0) / (x1 - x0))
-    lam = np.mean(LAMBDAS, 0)
-    dots = [(s_of(x), 0.75 + (y - y0) / (y1 - y0) * (0.5 - 0.75)) for x, y in
-            ds['eq4-quantiles-3'][0]]
-    assert [d[1] for d in dots] == pytest.approx(lam, abs=1e-5)
-    assert [d[1] for d in dots] == pytest.approx([0.75 - 0.25 * s ** 2 for s, _ in dots],
-                                                 abs=1e-5)  # on Eq. 4
-    s = np.sqrt(np.maximum(0.75 - lam, 0) / 0.25)  # Eq. 4 solved for s at alpha 2 (s >= 0)
-    for lo, hi in [(0, 6), (1, 5), (2, 4)]:
-        xs = [s_of(x) for x, _ in ds[f'eq4-3-{lo}'][1]]
-        assert (min(xs), max(xs)) == pytest.approx((s[hi], s[lo]), abs=1e-5)
+    for i, lam in [(0, np.mean([A, B, B, A, A], 0)), (4, NEAR)]:  # over epochs and runs
+        dots = [((x - x0) / (x1 - x0), 0.75 + (y - y0) / (y1 - y0) * (0.5 - 0.75))
+                for x, y in ds[f'eq4-quantiles-{i}'][0]]
+        assert [d[1] for d in dots] == pytest.approx(lam, abs=1e-5)
+        s = np.maximum(0.75 - np.array(lam), 0) / 0.25  # Eq. 4 solved for s at alpha 1
+        assert [d[0] for d in dots] == pytest.approx(s, abs=1e-5)
 
 
 @MATPLOTLIB
-def test_fig_4_test_f1_against_train_fraction(demo, figures):
-    svg, ds = figure(figures, 'fig4_train_fraction')
-    lines = [[0, 2], [1], [3], [4], [5], [6]]  # settings that differ only in --train-fraction
-    assert all(f'>{NAMES[i].rsplit(" ", 1)[0]}<' in svg for i, *_ in lines)
-    for f1 in ('micro', 'macro'):
-        values, ys = [], []
-        for j, line in enumerate(lines):
+def test_ratios_at_about_one_half_read_without_an_offset(records, tmp_path):
+    """The control mixes at exactly 0.5, BERT + LH-Mix here within 2e-5 of it: alone, their axes
+    once read 1e-5+5e-1."""
+    plot.main([str(records / 'half-s0'), str(records / 'bert-lhmix'), '--out', str(tmp_path)])
+    path = tmp_path / 'lambda.svg'
+    assert not [t for ts in texts(path).values() for t in ts if re.search(r'\de[-−]?\d', t)]
+    labels = ticks(path)
+    for k in ('axes_1', 'axes_3'):  # the panels' shared axis (on the first) and Eq. 4's
+        assert labels[k]['y'] == ['0.5', '0.6', '0.7', '0.8', '0.9', '1.0']
+
+
+def stroke(path, gid):
+    g = next(g for g in ET.parse(path).getroot().iter(SVG + 'g') if g.get('id') == gid)
+    return re.search(r'stroke: (#\w+)', next(g.iter(SVG + 'path')).get('style')).group(1)
+
+
+@MATPLOTLIB
+def test_the_mixing_ratios_of_a_whole_fig_5_grid_stay_readable(figures):
+    path = figures / 'f5' / 'lambda.svg'
+    text, ds = figure(figures / 'f5', 'lambda')
+    medians = [k for k in ds if k.startswith('lambda-median-')]
+    assert len(medians) == 15  # 13 LH-Mix settings, the control, Mixup: a panel each
+    assert len({stroke(path, k) for k in medians}) == 15  # each its own colour
+    names = [f'Prompt + LH-Mix (α {a:g}, β 1)' for a in ALPHAS] + [
+        f'Prompt + LH-Mix (α 1, β {b:g})' for b in (0.75, *BETAS)] + T3_NAMES[1:3]
+    assert all(text.count(n) == 2 for n in names)  # its panel's title, the legend
+    assert len([k for k in ds if k.startswith('eq4-') and 'quantiles' not in k]) == 14  # curves
+    box = frames(path)
+    legend = box.pop('legend_1')
+    assert len(box) == 15 + 1 and legend[0] > max(bottom for _, bottom in box.values())  # below
+
+
+@MATPLOTLIB
+def test_fig_4_test_f1_against_the_share_of_the_training_data(figures):
+    text, ds = figure(figures / 'f4', 'fig4_train_fraction')
+    assert {'10%', '50%', '100%'} <= set(text)
+    arms = [('lhmix', T3[0]), ('half', T3[1]), ('mixup', T3[2]), ('none', T3[3])]  # as given
+    for f1, column in (('micro', 0), ('macro', 1)):
+        assert sorted(k for k in ds if k.startswith(f'fig4-{f1}')) == [
+            f'fig4-{f1}-{j}' for j in range(4)]  # no line for BERT's one share
+        values, xs, ys = [], [], []
+        for j, (arm, full) in enumerate(arms):
             points = ds[f'fig4-{f1}-{j}'][0]
-            assert len(points) == len(line)
-            values += [mean([json.loads((demo / r / runs.TEST_METRICS).read_text())[f'{f1}_f1']
-                             * 100 for r in SETTINGS[i]])[0] for i in line]
+            assert len(points) == 3
+            values += [FIG4[f'{arm}-0.1'][column], FIG4[f'{arm}-0.5'][column],
+                       statistics.mean(TABLE3[r][column] for r in full)]
+            xs += [x for x, _ in points]
             ys += [y for _, y in points]
         assert same_scale(values, ys)
-        assert ds[f'fig4-{f1}-0'][0][0][0] < ds[f'fig4-{f1}-0'][0][1][0]  # 0.01 left of 0.02
+        assert same_scale(np.log([0.1, 0.5, 1] * 4), xs)  # shares on a log scale
 
 
 @MATPLOTLIB
-def test_fig_5_macro_f1_over_the_alpha_and_beta_grids(demo, figures):
-    svg, ds = figure(figures, 'fig5_alpha_beta')
-    assert '>beta=0.75 mix=lhmix train_fraction=0.01<' in svg
-    assert '>alpha=1.0 mix=lhmix train_fraction=0.01<' in svg
-    assert sorted(k for k in ds) == ['fig5-alpha-0', 'fig5-beta-0']  # one line a grid
-    for grid, x, line in [('alpha', np.log([0.5, 1, 2]), [4, 0, 3]),  # alpha on a log scale
-                          ('beta', [0.5, 0.75, 1], [5, 0, 6])]:
+def test_fig_5_macro_f1_over_the_alpha_and_beta_grids_and_the_other_settings(figures):
+    _, ds = figure(figures / 'f5', 'fig5_alpha_beta')
+    lh = statistics.mean(TABLE3[r][1] for r in T3[0])  # (1, 0.75): Table 3's Prompt + LH-Mix
+    one = statistics.mean([fig5_macro(1, 1), fig5_macro(1, 1, 1)])  # (1, 1): two seeds
+    for grid, x, line in [
+            ('alpha', np.log(ALPHAS), [one if a == 1 else fig5_macro(a, 1) for a in ALPHAS]),
+            ('beta', [0.7, 0.75, *BETAS[1:], 1], [fig5_macro(1, 0.7), lh, *(
+                fig5_macro(1, b) for b in BETAS[1:]), one])]:
+        assert sorted(k for k in ds if k.startswith(f'fig5-{grid}-')
+                      and 'reference' not in k) == [f'fig5-{grid}-0']  # one line a grid
         points = np.array(ds[f'fig5-{grid}-0'][0])
-        assert len(points) == 3 and same_scale(x, points[:, 0])
-        assert same_scale([mean([100 * json.loads((demo / r / runs.TEST_METRICS).read_text())[
-            'macro_f1'] for r in SETTINGS[i]])[0] for i in line], points[:, 1])
+        assert same_scale(x, points[:, 0])
+        values, ys = list(line), list(points[:, 1])
+        for j, folders in enumerate(T3[1:4]):  # the control, Mixup, Prompt: at their mean,
+            m, sd = mean([TABLE3[r][1] for r in folders])  # their sd a band
+            values.append(m)
+            ys.append(ds[f'fig5-{grid}-reference-{j}'][1][0][1])
+            assert (f'fig5-{grid}-reference-sd-{j}' in ds) == (sd is not None)
+            if sd:
+                band = sorted({y for _, y in ds[f'fig5-{grid}-reference-sd-{j}'][1]})
+                values += [m + sd, m - sd]
+                ys += band
+        assert same_scale(values, ys)
 
 
 @MATPLOTLIB
-def test_fig_7_a_bar_per_setting_per_depth_and_quartile(demo, figures):
-    svg, ds = figure(figures, 'fig7_depth_frequency')
-    assert all(f'>{name}<' in svg for name in NAMES)
-    for part, key, n in [('depth', 'per_depth', 3), ('quartile', 'by_frequency', 4)]:
-        bars = {(i, k): ds.pop(f'fig7-{part}-{i}-{k}')[1]
-                for i in range(7) for k in range(1, n + 1)}
-        base = statistics.mode(y for v in bars.values() for _, y in v)  # the bars' foot: 0
-        values, ys = [0], [base]
+def test_fig_7_bars_on_an_axis_that_shows_points_and_the_gains_over_prompt_written(figures):
+    path = figures / 't3' / 'fig7_depth_frequency.svg'
+    _, ds = figure(figures / 't3', 'fig7_depth_frequency')
+    gains = texts(path)
+    box = frames(path)
+    base = {0: 3, 1: 3, 2: 3, 4: 5}  # the setting without Mixup of each one's arch
+    for axes, (part, column, n) in zip(('axes_1', 'axes_2'),
+                                       [('depth', 2, 2), ('quartile', 3, 4)]):
+        bars = {(i, k): ds.pop(f'fig7-{part}-{i}-{k}')[1] for i in range(6)
+                for k in range(1, n + 1)}
+        foot = statistics.mode(y for v in bars.values() for _, y in v)  # the bars' foot: 0
+        values, ys, means = [0], [foot], {}
         for (i, k), v in bars.items():
-            tests = [json.loads((demo / r / runs.TEST_METRICS).read_text()) for r in SETTINGS[i]]
-            f = [t[key][str(k)] if key == 'per_depth' else t[key][k - 1] for t in tests]
-            values.append(statistics.mean(100 * x['macro_f1'] for x in f))
-            ys.append(min((y for _, y in v), key=lambda y: -abs(y - base)))  # the bar's top
+            f = [TABLE3[r][column][k - 1] for r in T3[i]]
+            means[i, k] = mean(f)
+            values.append(means[i, k][0])
+            ys.append(min((y for _, y in v), key=lambda y: -abs(y - foot)))  # the bar's top
         assert same_scale(values, ys)
-        centres = [np.mean([x for x, _ in bars[i, k]]) for k in range(1, n + 1) for i in range(7)]
+        a, b = np.polyfit(values, ys, 1)
+        lowest = min(m - (sd or 0) for m, sd in means.values())
+        bottom = (box[axes][1] - b) / a  # the value at the axis' foot
+        assert lowest - (max(values) - lowest) / 2 < bottom < lowest  # not 0, no bar cut
+        centres = [np.mean([x for x, _ in bars[i, k]]) for k in range(1, n + 1) for i in range(6)]
         assert (np.diff(centres) > 0).all()  # by depth (quartile), then in the settings' order
+        for (i, k), v in bars.items():
+            gid = f'fig7-{part}-gain-{i}-{k}'
+            assert (ds.pop(gid, None) is not None) == (gid in gains) == (i in base)
+            if i in base:  # the gain, written above the bar
+                assert gains[gid] == [f'{means[i, k][0] - means[base[i], k][0]:+.2f}']
+                g = next(g for g in ET.parse(path).getroot().iter(SVG + 'g')
+                         if g.get('id') == gid)
+                x, y = map(float, re.search(r'translate\((\S+) (\S+)\)', ET.tostring(
+                    g).decode()).groups())
+                xs = [x for x, _ in v]
+                assert min(xs) < x < max(xs) and y < min(y for _, y in v)
     assert not [k for k in ds if k.startswith('fig7')]  # no other bar
 
 
 @MATPLOTLIB
-def test_a_figure_without_its_runs_is_skipped_in_one_line_and_png_on_request(demo, tmp_path,
+def test_fig_7s_depths_come_from_the_deepest_tree_given(records, tmp_path):
+    fake_run(tmp_path / 'deep', 70, 45, (60, 45, 30), history=[(40, 50, None)],
+             mix='mixup')  # given first
+    out = tmp_path / 'out'
+    plot.main([str(tmp_path / 'deep'), str(records / 'none-s0'), '--out', str(out)])
+    _, ds = figure(out, 'fig7_depth_frequency')
+    assert ticks(out / 'fig7_depth_frequency.svg')['axes_1']['x'] == [
+        'depth 1', '(10 labels)', 'depth 2', '(20 labels)', 'depth 3', '(30 labels)']
+    assert sorted(k for k in ds if k.startswith('fig7-depth-')) == [
+        'fig7-depth-0-1', 'fig7-depth-0-2', 'fig7-depth-0-3', 'fig7-depth-1-1', 'fig7-depth-1-2',
+        'fig7-depth-gain-0-1', 'fig7-depth-gain-0-2']  # Prompt has no depth 3 to gain over
+
+
+@MATPLOTLIB
+def test_a_figure_without_its_runs_is_skipped_in_one_line_and_png_on_request(records, tmp_path,
                                                                              capsys):
     out = tmp_path / 'png'
-    plot.main([str(demo / 'lhmix-s0'), str(demo / 'lhmix-s1'), '--out', str(out),
+    plot.main([str(records / 'lhmix-s0'), str(records / 'lhmix-s1'), '--out', str(out),
                '--format', 'png'])
     assert capsys.readouterr().out.splitlines() == [
         f'curves: {out}/curves.png', f'lambda: {out}/lambda.png',
-        'fig4_train_fraction: skipped, needs runs at two or more --train-fraction',
+        'fig4_train_fraction: skipped, needs a setting at two or more --train-fraction',
         'fig5_alpha_beta: skipped, needs LH-Mix runs at two or more --alpha (one --beta) or '
         '--beta (one --alpha)', f'fig7_depth_frequency: {out}/fig7_depth_frequency.png']
     assert sorted(os.listdir(out)) == ['curves.png', 'fig7_depth_frequency.png', 'lambda.png']
     assert (out / 'curves.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
-    run = tmp_path / 'unmixed'  # a run whose Mixup never started
-    shutil.copytree(demo / 'lhmix-s0', run, ignore=shutil.ignore_patterns('best', 'last'))
-    write_metrics(run, [{**h, 'mix': False} for h in read_metrics(run)])
-    plot.main([str(run), '--out', str(out), '--format', 'png'])  # replaces its figures
+    plot.main([str(records / 'none-s0'), '--out', str(out), '--format', 'png'])  # replaces
     assert capsys.readouterr().out.splitlines()[1] == (
         'lambda: skipped, needs runs that mixed (--mix lhmix or mixup, past --warmup-epochs)')
 
 
 @MATPLOTLIB
-def test_bad_input_named_in_one_line_before_anything_is_written(demo, tmp_path, monkeypatch):
-    out, run = tmp_path / 'out', str(demo / 'lhmix-s0')
-    assert error_of(lambda: plot.main([str(demo / 'lhmix-s0' / 'best'), '--out', str(out)])
-                    ).startswith(f'error: {demo}/lhmix-s0/best/test_metrics.json: not a finished '
+def test_bad_input_named_in_one_line_before_anything_is_written(records, tmp_path):
+    out, run = tmp_path / 'out', str(records / 'lhmix-s0')
+    assert error_of(lambda: plot.main([str(records / 'nowhere'), '--out', str(out)])
+                    ).startswith(f'error: {records}/nowhere/test_metrics.json: not a finished '
                                  'train.py run (FileNotFoundError(')
     (tmp_path / 'half').mkdir()
-    shutil.copy(demo / 'lhmix-s0' / runs.TEST_METRICS, tmp_path / 'half')
+    shutil.copy(records / 'lhmix-s0' / runs.TEST_METRICS, tmp_path / 'half')
     assert error_of(lambda: plot.main([run, str(tmp_path / 'half'), '--out', str(out)])
                     ).startswith(f'error: {tmp_path}/half/metrics.jsonl: not a finished train.py '
                                  'run (FileNotFoundError(')
