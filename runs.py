@@ -297,10 +297,9 @@ class RunFolder:
             save_checkpoint(os.path.join(root, 'last'), model, tokenizer,
                             {**meta, 'history': history}, {**extra, **state})
         except OSError as e:
-            if not self.replacing:
-                raise
-            raise ValueError(f'{e.filename}: {e.strerror}; the earlier run in {self.name} is '
-                             'kept') from None
+            if self.replacing:
+                e.strerror += f'; the earlier run in {self.name} is kept'
+            raise
         if self.replacing:
             replace_run(self.path)
             self.replacing = False

@@ -15,14 +15,18 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-import torch
-from tqdm import tqdm
+# OpenMP's idle threads sleep instead of spinning, so that runs sharing a CPU do not slow each
+# other down many times over. It must be set before torch loads OpenMP; a user's setting wins.
+os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
 
-import data
-import evaluate
-import lhmix
-import runs
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+import data  # noqa: E402
+import evaluate  # noqa: E402
+import lhmix  # noqa: E402
+import runs  # noqa: E402
 
 # What --data demo sets: a tiny BERT that trains in about a minute on a CPU.
 DEMO = dict(model='tiny', epochs=12, warmup_epochs=4, lr=1e-3, max_length=128)

@@ -97,8 +97,9 @@ class Runs:
     """The runs given, by setting; + LH-Mix at --alpha `alpha` and --beta `beta`."""
 
     def __init__(self, folders, alpha, beta):
-        self.groups, varying = settings(folders)
-        other = [k for k in varying if k not in VARIED]
+        self.groups = settings(folders)
+        other = sorted({k for s in self.groups for k in s.args if k not in VARIED
+                        and len({json.dumps(t.args.get(k)) for t in self.groups}) > 1})
         if other:
             raise ValueError(f'the runs differ in --{other[0].replace("_", "-")} (' + ', '.join(
                 sorted({json.dumps(s.args.get(other[0])) for s in self.groups})) + '): the claims '

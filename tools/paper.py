@@ -163,7 +163,7 @@ ITEMS = (
                '| deep nets learn | `[CLS] [D1] [P] [D2] [P] [SEP] deep nets learn [SEP]` |', ''],
          code=[('lhmix.py', 'template', None),
                ('lhmix.py', 'LHMix.__init__', 'self.prefix = template('),
-               ('lhmix.py', 'make_batch', 'seqs = [np.concatenate([prefix, t,')],
+               ('lhmix.py', 'make_batch', 'seqs = [np.concatenate([model.prefix, t,')],
          differences=[]),
     dict(section='4.1 Local Hierarchy Correlation', before=3, title='The local-hierarchy sequence',
          text=["The paper's sequences of the local hierarchies \"CS/Machine Learning\" and "
