@@ -131,7 +131,7 @@ class Run:
     meta: dict          # The settings and the data's digest, saved in every checkpoint.
     tokens: dict        # {split: each document's word-pieces}
     gold: dict          # {split: each document's label ids}
-    train_labels: list  # The whole training split's labels, which Fig. 7's quartiles count.
+    train_labels: list  # The whole training split's labels, which the frequency quartiles count.
     history: list = field(default_factory=list)  # metrics.jsonl's lines, an epoch each
     # The tensors saved in the checkpoints beside the weights: the initial label embeddings (for
     # tools/similar.py), and LH-Mix's local-hierarchy table and each training document's row.
