@@ -37,12 +37,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import runs  # noqa: E402
 import train  # noqa: E402
 from similar import K, RELATIVES  # noqa: E402
-from summary import settings  # noqa: E402
+from summary import row_name, settings  # noqa: E402
 
 DEFAULT = train.parse(['--data', 'wos'])[0]  # train.py's defaults, which the ablation's runs keep
 VARIED = ('arch', 'mix', 'alpha', 'beta', 'train_fraction')  # what tells the claims' runs apart
-CONTROL = 'Prompt + LH-Mix, λ = 0.5 (control)'
-MIX = {'': 'none', 'Mixup': 'mixup', 'LH-Mix': 'lhmix'}  # a row's name after ' + ': --mix
+CONTROL = row_name({'arch': 'prompt', 'mix': 'lhmix', 'beta': 0.5})
 # The paper's Table 3 (Prompt + LH-Mix is also Table 2's LH-Mix): (micro-F1, macro-F1)
 TABLE3 = {
     'WOS': {'BERT': (85.63, 79.07), 'BERT + Mixup': (86.58, 81.05),
@@ -107,23 +106,20 @@ class Runs:
         self.alpha, self.beta = alpha, beta
         self.data = self.groups[0].args['data']
 
-    def select(self, arch, mix, fraction=1.0, **eq4):
-        """Each run's test_metrics.json of these arguments, by folder, its folder as 'folder'."""
+    def select(self, name, fraction=1.0, **eq4):
+        """Each run's test_metrics.json of the row `name` (summary.row_name) and these arguments,
+        by folder, its folder as 'folder'."""
         return sorted((dict(t, folder=f) for s in self.groups for f, t in zip(s.folders, s.tests)
-                       if (s.args['arch'], s.args['mix'], s.args['train_fraction']) ==
-                       (arch, mix, fraction) and all(s.args[k] == v for k, v in eq4.items())),
+                       if row_name(s.args) == name and s.args['train_fraction'] == fraction
+                       and all(s.args[k] == v for k, v in eq4.items())),
                       key=lambda t: t['folder'])
 
     def of(self, name, fraction=1.0):
         """The runs of a row of Table 3, or of the control, at --train-fraction `fraction`."""
-        if name == CONTROL:
-            found = self.select('prompt', 'lhmix', fraction, beta=0.5)
-        else:
-            arch, _, mix = name.partition(' + ')
-            eq4 = {'alpha': self.alpha, 'beta': self.beta} if mix == 'LH-Mix' else {}
-            found = self.select(arch.lower(), MIX[mix], fraction, **eq4)
-            if eq4:
-                name += f' (--alpha {self.alpha:g} --beta {self.beta:g})'
+        eq4 = {'alpha': self.alpha, 'beta': self.beta} if name.endswith('LH-Mix') else {}
+        found = self.select(name, fraction, **eq4)
+        if eq4:
+            name += f' (--alpha {self.alpha:g} --beta {self.beta:g})'
         where = f' at --train-fraction {fraction:g}' if fraction != 1 else ''
         if len(found) < 2:
             raise Untestable(f'no runs of {name}{where} given' if not found else
@@ -168,7 +164,7 @@ def trend(what, points, sign):
 def grid(r, x, fixed):
     """The Prompt + LH-Mix runs at `fixed` = 1 over the grid of `x` (beta's: the control aside):
     (x, macro-F1) of each, x as log10 alpha for alpha, as the paper's alpha grid is spaced."""
-    found = [t for t in r.select('prompt', 'lhmix', **{fixed: 1.0}) if t['args']['beta'] != 0.5]
+    found = r.select('Prompt + LH-Mix', **{fixed: 1.0})  # the control is a row of its own
     if len({t['args'][x] for t in found}) < 2 or len(found) < 3:
         raise Untestable(f'Fig. 5 needs Prompt + LH-Mix runs at --{fixed} 1 and two or more '
                          f'--{x}, three runs or more')

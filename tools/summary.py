@@ -43,6 +43,11 @@ def control(args):
     return args['mix'] == 'lhmix' and args['beta'] == 0.5
 
 
+def row_name(args):
+    """The row of Table 3 that a run's arguments make ('Prompt + LH-Mix'), or the control's."""
+    return ARCHS[args['arch']] + MIXES[args['mix']] + ', λ = 0.5 (control)' * control(args)
+
+
 def in_words(key, value):
     """An argument in plain words: 'lr 0.0001', 'α 2', '10% of the training data'; a switch by
     its name when on, nothing when off."""
@@ -64,10 +69,8 @@ def setting_names(all_args, without=()):
         return len({json.dumps(a.get(key)) for a in among}) > 1
 
     def name(a, extra=()):
-        out = ARCHS[a['arch']] + MIXES[a['mix']]
-        if control(a):
-            out += ', λ = 0.5 (control)'
-        elif a['mix'] == 'lhmix' and eq4:
+        out = row_name(a)
+        if a['mix'] == 'lhmix' and not control(a) and eq4:
             out += ' (' + ', '.join(in_words(k, a[k]) for k in eq4) + ')'
         return ', '.join([out, *filter(None, (in_words(k, a.get(k)) for k in [*words, *extra]))])
 
