@@ -286,6 +286,10 @@ def plot(args):
                'fig4_train_fraction': lambda fig: fig4(fig, groups),
                'fig5_alpha_beta': lambda fig: fig5(fig, groups),
                'fig7_depth_frequency': lambda fig: fig7(fig, groups)}
+    unknown = set(args.figures or ()) - set(figures)
+    if unknown:
+        raise ValueError(f'--figures {" ".join(sorted(unknown))}: not one of {", ".join(figures)}')
+    figures = {k: v for k, v in figures.items() if k in (args.figures or figures)}
     why = runs.unwritable(os.path.abspath(args.out))
     if why:
         raise ValueError(f'--out {args.out}: {why}')
@@ -316,6 +320,8 @@ def main(argv=None):
     p.add_argument('runs', nargs='+', help='train.py run folders')
     p.add_argument('--out', default=os.path.join('out', 'plots'),
                    help='the folder of the figures (default: %(default)s)')
+    p.add_argument('--figures', nargs='+', metavar='NAME',
+                   help='draw only these figures, by the names above (default: all)')
     p.add_argument('--format', default='svg', choices=list(START),
                    help='svg (text, small) or png (default: %(default)s)')
     runs.exit_on_error(plot, p.parse_args(argv))

@@ -424,6 +424,12 @@ def test_a_figure_without_its_runs_is_skipped_in_one_line_and_png_on_request(rec
     plot.main([str(records / 'none-s0'), '--out', str(out), '--format', 'png'])  # replaces
     assert capsys.readouterr().out.splitlines()[1] == (
         'lambda: skipped, needs runs that mixed (--mix lhmix or mixup, past --warmup-epochs)')
+    chosen = tmp_path / 'chosen'
+    plot.main([str(records / 'lhmix-s0'), '--figures', 'fig7_depth_frequency', 'curves', '--out',
+               str(chosen)])
+    assert capsys.readouterr().out.splitlines() == [
+        f'curves: {chosen}/curves.svg', f'fig7_depth_frequency: {chosen}/fig7_depth_frequency.svg']
+    assert sorted(os.listdir(chosen)) == ['curves.svg', 'fig7_depth_frequency.svg']
 
 
 @MATPLOTLIB
@@ -440,6 +446,9 @@ def test_bad_input_named_in_one_line_before_anything_is_written(records, tmp_pat
     (tmp_path / 'file').write_text('')
     assert error_of(lambda: plot.main([run, '--out', str(tmp_path / 'file' / 'out')])) == (
         f'error: --out {tmp_path}/file/out: {tmp_path}/file is a file, not a folder')
+    assert error_of(lambda: plot.main([run, '--figures', 'curves', 'fig9', '--out', str(out)])) == (
+        'error: --figures fig9: not one of curves, lambda, fig4_train_fraction, fig5_alpha_beta, '
+        'fig7_depth_frequency')
     assert not out.exists()
     out.mkdir()
     (out / 'lambda.svg').write_text('my notes')
