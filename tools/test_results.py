@@ -6,18 +6,21 @@ marker, a line of its own
     <!-- python tools/NAME.py ARG ... -->
 
 then one blank line, then the command's stdout verbatim, then a blank line or the end of the file.
-The command runs from the folder of RESULTS.md (the repository root) with the Python running the
-tests; its arguments are split as a shell splits them, and a glob among them expands to what it
-matches, in sorted order. Each glob must match and each argument naming a path (holding a '/')
-must exist: the records the tables come from are in the repository (tools/records/). To update a
-table, run its command from the repository root and put its output after the marker.
+The command runs from the folder of RESULTS.md (the repository root), in the Python process
+running the tests (one import of torch for all the markers, not one each); its arguments are split
+as a shell splits them, and a glob among them expands to what it matches, in sorted order. Each
+glob must match and each argument naming a path (holding a '/') must exist: the records the
+tables come from are in the repository (tools/records/). To update a table, run its command from
+the repository root and put its output after the marker.
 """
 import glob
+import io
 import os
 import re
+import runpy
 import shlex
-import subprocess
 import sys
+from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 
@@ -31,6 +34,29 @@ def expand(arg, root):
     if re.search(r'[*?[]', arg):
         return sorted(glob.glob(arg, root_dir=root))
     return [arg] if '/' not in arg or os.path.exists(os.path.join(root, arg)) else []
+
+
+def run(argv, root):
+    """(exit status, stdout, stderr) of `python ARGV...` run from `root`, as a script run there
+    would give them, but in this process."""
+    script, out, err = os.path.join(root, argv[0]), io.StringIO(), io.StringIO()
+    cwd, saved_argv, saved_path = os.getcwd(), sys.argv, sys.path[:]
+    os.chdir(root)
+    sys.argv, sys.path[:0] = argv, [os.path.dirname(script)]  # as Python puts a script's folder
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            runpy.run_path(script, run_name='__main__')
+        status = 0
+    except SystemExit as e:  # sys.exit(message) prints the message and exits 1, as Python does
+        status = e.code if isinstance(e.code, int) else 1 if e.code else 0
+        err.write(e.code if isinstance(e.code, str) else '')
+    except Exception as e:  # an uncaught error: Python prints its last line so and exits 1
+        status = 1
+        err.write(f'{type(e).__name__}: {e}')
+    finally:
+        os.chdir(cwd)
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    return status, out.getvalue(), err.getvalue()
 
 
 def check(path):
@@ -57,13 +83,12 @@ def check(path):
             problems.append(f'{at}: {missing[0]} names no records (in {root})')
             continue
         argv = [x for arg in args for x in expand(arg, root)]
-        p = subprocess.run([sys.executable, *argv], cwd=root, capture_output=True, text=True,
-                           timeout=600, env={**os.environ, 'HF_HUB_OFFLINE': '1'})
-        if p.returncode:
-            problems.append(f'{at}: `{command}` failed (exit {p.returncode}): '
-                            + p.stderr.strip().split('\n')[-1])
+        status, stdout, stderr = run(argv, root)
+        if status:
+            problems.append(f'{at}: `{command}` failed (exit {status}): '
+                            + stderr.strip().split('\n')[-1])
             continue
-        out = p.stdout.removesuffix('\n').split('\n')
+        out = stdout.removesuffix('\n').split('\n')
         todo = f'; run `{command}` in {root} and put its output after the marker'
         text = lines[i + 2:i + 2 + len(out)] + [None] * len(out)  # None: past the file's end
         j = next((j for j, o in enumerate(out) if text[j] != o), None)
@@ -79,6 +104,7 @@ def check(path):
 
 
 def test_results_md_matches_the_tools_that_printed_it():
+    pytest.importorskip('scipy')  # without it the tools leave the p-values out
     problems = check(os.path.join(ROOT, 'RESULTS.md'))
     assert not problems, '\n'.join(problems)
 
