@@ -2,9 +2,11 @@
 the first (the paper's appendix reports T-tests without naming which; Welch's does not assume
 equal variances; needs scipy, else the p-values are left out), then Fig. 7's macro-F1 per depth
 and label-frequency quartile: two Markdown tables, each setting named as the paper names Table
-3's rows; or the figures of another tool's predictions, as evaluate.py reports a checkpoint's.
+3's rows; with --each, a row per run instead (a rerun beside the first runs); or the figures of
+another tool's predictions, as evaluate.py reports a checkpoint's.
 
     python tools/summary.py runs/prompt-lhmix-s? runs/prompt-mixup-s?
+    python tools/summary.py --each runs/prompt-lhmix-s? rerun/prompt-lhmix-s?
     python tools/summary.py --predictions preds.jsonl --data demo
 """
 import argparse
@@ -186,6 +188,22 @@ def summary(folders):
     return rows
 
 
+def each(folders):
+    """A Markdown row per run, in the order given (each run once), beside its setting's name: a
+    rerun of a setting at its seeds, seed by seed against the first runs."""
+    groups = settings(folders)
+    found = {f: (s.name, t) for s in groups for f, t in zip(s.folders, s.tests)}
+    head = ['run', 'setting', 'seed', 'test micro-F1 (%)', 'test macro-F1 (%)', 'best dev epoch']
+    print('\n'.join([markdown(head), markdown(['---'] * len(head))]))
+    given = {}  # each run under the name it was first given by
+    for run in folders:
+        given.setdefault(os.path.realpath(run), run)
+    for real, run in given.items():
+        name, t = found[real]
+        print(markdown([run, name, t['args']['seed'], f"{100 * t['micro_f1']:.2f}",
+                        f"{100 * t['macro_f1']:.2f}", t['best_epoch']]))
+
+
 def read_predictions(path, lines, hierarchy, n):
     """(n, V) bool of the lines of a file with a line {"labels": [label, ...]} a document."""
     lines = [(number, line) for number, line in lines if line.strip()]
@@ -219,6 +237,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('runs', nargs='*', help='train.py run folders')
+    p.add_argument('--each', action='store_true',
+                   help='a row per run, not per setting (a rerun against the first runs)')
     p.add_argument('--predictions', metavar='FILE', help='score this prediction file instead')
     p.add_argument('--data', help='the predictions\' data, as train.py --data')
     p.add_argument('--data-dir', help='as train.py --data-dir')
@@ -227,7 +247,10 @@ def main(argv=None):
     args = p.parse_args(argv)
     if bool(args.runs) == bool(args.predictions and args.data):
         p.error('give run folders, or --predictions and --data')
-    runs.exit_on_error(summary if args.runs else score_predictions, args.runs or args)
+    if args.each and not args.runs:
+        p.error('--each lists run folders, not predictions')
+    runs.exit_on_error(each if args.each else summary if args.runs else score_predictions,
+                       args.runs or args)
 
 
 if __name__ == '__main__':

@@ -162,6 +162,28 @@ def test_summary_tables_in_markdown_with_welch_p_values_and_fig_7s_columns(tmp_p
     assert 'pip install scipy' in capsys.readouterr().out and rows[1]['p'] is None
 
 
+def test_summary_each_lists_every_run_once_in_the_order_given(tmp_path, capsys):
+    first = [fake_run(tmp_path / 'first' / f's{i}', 70 + i, 40 + i, best=10 + i, seed=i)
+             for i in range(2)]
+    again = [fake_run(tmp_path / 'again' / f's{i}', 70.5 + i, 39.25 + i, best=12 - i, seed=i)
+             for i in range(2)]
+    half = fake_run(tmp_path / 'half', 71, 41, best=3, beta=0.5)
+    summary.main(['--each', first[1], again[1], first[0], half, again[0],
+                  str(tmp_path / 'first' / '.' / 's1')])  # s1 again, under another name
+    assert capsys.readouterr().out.splitlines() == [
+        '| run | setting | seed | test micro-F1 (%) | test macro-F1 (%) | best dev epoch |',
+        '| --- | --- | --- | --- | --- | --- |',
+        f'| {first[1]} | Prompt + LH-Mix | 1 | 71.00 | 41.00 | 11 |',
+        f'| {again[1]} | Prompt + LH-Mix | 1 | 71.50 | 40.25 | 11 |',
+        f'| {first[0]} | Prompt + LH-Mix | 0 | 70.00 | 40.00 | 10 |',
+        f'| {half} | Prompt + LH-Mix, λ = 0.5 (control) | 0 | 71.00 | 41.00 | 3 |',
+        f'| {again[0]} | Prompt + LH-Mix | 0 | 70.50 | 39.25 | 12 |']
+    with pytest.raises(SystemExit) as e:
+        summary.main(['--each', '--predictions', 'p.jsonl', '--data', 'demo'])
+    assert e.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(
+        'error: --each lists run folders, not predictions')
+
+
 def test_fake_runs_have_the_files_and_keys_of_train_pys_runs(run, tmp_path):
     def keys(x):  # the tree of keys of a JSON value, each list by its first item
         if isinstance(x, dict):
