@@ -109,10 +109,13 @@ def test_results_md_matches_the_tools_that_printed_it():
     assert not problems, '\n'.join(problems)
 
 
-# The checker, on a fabricated tool (tools/show.py prints a row per record: its name and value)
-# and records; RESULTS lines by hand.
+# The checker, on a fabricated tool (tools/show.py prints a row per record: its name and value;
+# it ends as sys.exit ends on an argument that is an error message or an exit status) and
+# records; RESULTS lines by hand.
 SHOW = """import sys
 for record in sys.argv[1:]:
+    if record.startswith('error:') or record.isdigit():
+        sys.exit(int(record) if record.isdigit() else record)
     print(f'| {record} | {open(record + "/value.txt").read().strip()} |')
 """
 RESULTS = ['# Results', '', 'The values:', '<!-- python tools/show.py records/r* -->', '',
@@ -162,6 +165,10 @@ def test_the_output_after_each_marker_passes_and_no_marker_passes(fabricated):
     ({3: '<!-- python tools/show.py nothing -->'}, 'RESULTS.md:4: `python tools/show.py nothing` '
      "failed (exit 1): FileNotFoundError: [Errno 2] No such file or directory: "
      "'nothing/value.txt'"),
+    ({3: "<!-- python tools/show.py 'error: no such run' -->"}, "RESULTS.md:4: `python "
+     "tools/show.py 'error: no such run'` failed (exit 1): error: no such run"),
+    ({3: '<!-- python tools/show.py records/r1 2 -->'}, 'RESULTS.md:4: `python tools/show.py '
+     'records/r1 2` failed (exit 2): '),
     ({3: '<!-- python show.py records/r* -->'}, 'RESULTS.md:4: a marker is `<!-- python '
      'tools/NAME.py ARG ... -->`, alone on its line'),
 ])
