@@ -127,7 +127,7 @@ def test_summary_tables_in_markdown_with_welch_p_values_and_fig_7s_columns(tmp_p
     test = json.loads((tmp_path / 'c' / runs.TEST_METRICS).read_text())
     test['by_frequency'][3]['train_docs_max'] = 99  # Q4's range differs: not in its head
     (tmp_path / 'c' / runs.TEST_METRICS).write_text(json.dumps(test))
-    rows = summary.summary(a + [a[0], str(tmp_path / '.' / 'a0'), c] + b)  # a0 counted once
+    rows = summary.summary(a + [a[0], f'{tmp_path}/./a0', c] + b)  # a0 counted once
     out = capsys.readouterr().out
     assert [(r['setting'], r['n']) for r in rows] == [('Prompt + LH-Mix', 4), ('Prompt', 1),
                                                       ('Prompt + Mixup', 5)]
