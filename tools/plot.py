@@ -54,6 +54,11 @@ def ragged(rows, shape=()):
     return out
 
 
+def mixed_epochs(s, history):
+    """The epochs in which a setting's runs mixed (with a lambda in metrics.jsonl), any run's."""
+    return [e for r in s.folders for e, q in enumerate(history[r]['lambda']) if q]
+
+
 def colours(n):
     """A colour for each of n settings: matplotlib's ten, or past ten a sequential map, which
     shows a grid given in its order as that order."""
@@ -74,8 +79,7 @@ def curves(fig, groups, history):
     run's best dev epoch; the first epoch with Mixup (once for the settings that share it)."""
     from matplotlib.lines import Line2D
     colour = colours(len(groups))
-    starts = sorted({min(e for r in s.folders for e, q in enumerate(history[r]['lambda']) if q)
-                     for s in groups if any(q for r in s.folders for q in history[r]['lambda'])})
+    starts = sorted({min(e) for e in (mixed_epochs(s, history) for s in groups) if e})
     for ax, f1 in zip(fig.subplots(1, 2), ('macro', 'micro')):
         for i, s in enumerate(groups):
             runs_f1 = [history[r][f1] for r in s.folders]
@@ -102,8 +106,7 @@ def ratios(fig, groups, history):
     panel of its own; beside, Eq. 4's curve at each alpha and beta of the LH-Mix settings (once
     for the settings that share them), and the similarities s that each setting's lambda
     quantiles (averaged over epochs and runs) imply on it."""
-    mixing = [(i, s) for i, s in enumerate(groups)
-              if any(q for r in s.folders for q in history[r]['lambda'])]
+    mixing = [(i, s) for i, s in enumerate(groups) if mixed_epochs(s, history)]
     if not mixing:
         return 'needs runs that mixed (--mix lhmix or mixup, past --warmup-epochs)'
     colour, lhmix = colours(len(groups)), [(i, s) for i, s in mixing if s.args['mix'] == 'lhmix']
