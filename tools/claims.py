@@ -1,7 +1,7 @@
 """The claims table of a reproduction study, in Markdown: each claim of the paper's experiments
 (Sec. 5), what the paper reports, what the given train.py runs show, and a verdict.
 
-    python tools/claims.py tools/records/*/*
+    python -m tools.claims results/records/*/*
 
 Runs are told apart by their arguments (test_metrics.json's), never by their folders' names.
 Prompt and BERT are --arch prompt and bert with --mix none; + Mixup is --mix mixup; + LH-Mix is
@@ -28,16 +28,14 @@ the runs given lack a setting that it needs (two or more runs each); the row say
 import argparse
 import json
 import os
-import sys
 from dataclasses import dataclass
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import runs  # noqa: E402
-import train  # noqa: E402
-from similar import K, RELATIVES  # noqa: E402
-from summary import row_name, settings  # noqa: E402
+import runs
+import train
+from tools.similar import K, RELATIVES
+from tools.summary import row_name, settings, welch
 
 DEFAULT = train.parse(['--data', 'wos'])[0]  # train.py's defaults, which the ablation's runs keep
 VARIED = ('arch', 'mix', 'alpha', 'beta', 'train_fraction')  # what tells the claims' runs apart
@@ -74,22 +72,11 @@ class Item:
     sign: int = 1
 
 
-def welch(groups, weights=(1, -1)):
-    """(the contrast sum_i w_i mean_i of independent groups, Welch's two-sided p): for two groups,
-    scipy.stats.ttest_ind(equal_var=False)'s; Welch-Satterthwaite's degrees of freedom."""
-    from scipy.stats import t
-    v = [w * w * np.var(g, ddof=1) / len(g) for w, g in zip(weights, groups)]
-    diff = sum(w * np.mean(g) for w, g in zip(weights, groups))
-    with np.errstate(divide='ignore', invalid='ignore'):  # no spread at all: NaN, as scipy's
-        df = sum(v) ** 2 / sum(x * x / (len(g) - 1) for x, g in zip(v, groups))
-        return float(diff), float(2 * t.sf(abs(diff) / np.sqrt(sum(v)), df))
-
-
 def item(what, groups, weights=(1, -1)):
-    """An Item of Welch's tests, a metric each (`groups`: per metric, the groups' values), each
-    difference claimed positive."""
+    """An Item of Welch's tests (summary.welch), a metric each (`groups`: per metric, the groups'
+    values), each difference claimed positive."""
     values, ps = zip(*(welch(g, weights) for g in groups))
-    return Item(what, list(values), list(ps))
+    return Item(what, list(map(float, values)), list(map(float, ps)))
 
 
 class Runs:
@@ -202,7 +189,7 @@ def relatives(runs_, name):
                                                                             RELATIVES))]
     if lacking:
         raise Untestable(f'{len(lacking)} of the {len(runs_)} runs of {name} have no {RELATIVES} '
-                         f'(tools/similar.py --all-labels --out RUN/{RELATIVES})')
+                         f'(python -m tools.similar --all-labels --out RUN/{RELATIVES})')
     out = []
     for t in runs_:
         path = os.path.join(t['folder'], RELATIVES)

@@ -13,22 +13,20 @@ names them, each into --out as NAME.svg (or .png):
 A figure whose runs are not given is skipped, in a line saying what it needs. Needs matplotlib
 (pip install matplotlib); the reference does not.
 
-    python tools/plot.py out/demo-prompt-lhmix-s? out/demo-prompt-mixup-s?
-    python tools/plot.py runs/*-s? --out figures --format png
+    python -m tools.plot out/demo-prompt-lhmix-s? out/demo-prompt-mixup-s?
+    python -m tools.plot runs/*-s? --out figures --format png
 """
 import argparse
 import io
 import json
 import os
-import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import data  # noqa: E402
-import runs  # noqa: E402
-from summary import (GREEK, control, fig7_columns, finished_run, mean_sd,  # noqa: E402
-                     setting_names, settings)
+import data
+import runs
+from tools.summary import (GREEK, control, fig7_columns, finished_run, mean_sd, setting_names,
+                           settings)
 
 START = {'svg': b'<?xml', 'png': b'\x89PNG'}  # how matplotlib's files of each format begin
 MIXING = ('mix', 'alpha', 'beta', 'mix_alpha')  # the arguments of the mixing alone

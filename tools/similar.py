@@ -4,21 +4,18 @@ checkpoint (train.py keeps the initial embeddings in it); or, over all labels, h
 label's nearest labels are its relatives in the tree, which tests Fig. 6's reading ("better
 hierarchical label correlation after learning") beyond one label.
 
-    python tools/similar.py --ckpt out/demo-prompt-lhmix-s0/best --label optics
-    python tools/similar.py --ckpt out/demo-prompt-lhmix-s0/best --all-labels \\
+    python -m tools.similar --ckpt out/demo-prompt-lhmix-s0/best --label optics
+    python -m tools.similar --ckpt out/demo-prompt-lhmix-s0/best --all-labels \\
         --out out/demo-prompt-lhmix-s0/relatives.json
 """
 import argparse
 import json
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import data  # noqa: E402
-import evaluate  # noqa: E402
-import runs  # noqa: E402
+import data
+import evaluate
+import runs
 
 K = (3, 15)  # Fig. 6's two spheres: the 3 and the 15 labels most similar to "Hockey"
 RELATIVES = 'relatives.json'  # --all-labels' JSON in a run's folder, where tools/claims.py reads it

@@ -5,23 +5,21 @@ and label-frequency quartile: two Markdown tables, each setting named as the pap
 3's rows; with --each, a row per run instead (a rerun beside the first runs); or the figures of
 another tool's predictions, as evaluate.py reports a checkpoint's.
 
-    python tools/summary.py runs/prompt-lhmix-s? runs/prompt-mixup-s?
-    python tools/summary.py --each runs/prompt-lhmix-s? rerun/prompt-lhmix-s?
-    python tools/summary.py --predictions preds.jsonl --data demo
+    python -m tools.summary runs/prompt-lhmix-s? runs/prompt-mixup-s?
+    python -m tools.summary --each runs/prompt-lhmix-s? rerun/prompt-lhmix-s?
+    python -m tools.summary --predictions preds.jsonl --data demo
 """
 import argparse
 import contextlib
 import json
 import os
-import sys
 from dataclasses import dataclass
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import data  # noqa: E402
-import evaluate  # noqa: E402
-import runs  # noqa: E402
+import data
+import evaluate
+import runs
 
 NOT_SETTINGS = ('seed', 'data_dir')  # a run's arguments that do not change what it measures
 # Table 3's rows, as the paper's text names them (its table writes "Bert" and "+Mixup")
@@ -147,6 +145,20 @@ def mean_sd(x):
         return mean, np.sqrt(np.nansum((x - mean) ** 2, 0) / (n - 1))
 
 
+def welch(groups, weights=(1, -1)):
+    """Welch's t-test of the contrast sum_i w_i mean_i of independent groups (a − b by default),
+    each group's values along axis 0 (a column a metric): (the contrast, its two-sided p), with
+    Welch-Satterthwaite's degrees of freedom. For two groups it is scipy.stats.ttest_ind(a, b,
+    equal_var=False); scipy has no test of a contrast of four (a difference of two differences).
+    NaN where no group has any spread. Needs scipy."""
+    from scipy.stats import t
+    v = [w * w * np.var(g, 0, ddof=1) / len(g) for w, g in zip(weights, groups)]
+    diff = sum(w * np.mean(g, 0) for w, g in zip(weights, groups))
+    with np.errstate(divide='ignore', invalid='ignore'):
+        df = sum(v) ** 2 / sum(x * x / (len(g) - 1) for x, g in zip(v, groups))
+        return diff, 2 * t.sf(abs(diff) / np.sqrt(sum(v)), df)
+
+
 def markdown(cells):
     return '| ' + ' | '.join(map(str, cells)) + ' |'
 
@@ -156,9 +168,10 @@ def summary(folders):
     the first setting; Fig. 7's macro-F1 per depth and label-frequency quartile."""
     groups = settings(folders)
     try:
-        from scipy.stats import ttest_ind
+        import scipy.stats  # noqa: F401 (welch's)
+        with_p = True
     except ImportError:
-        ttest_ind = None
+        with_p = False
         print('(no p-values without scipy: pip install scipy)')
     heads, _, by = fig7_columns([t for s in groups for t in s.tests])
     head = ['setting', 'n', 'test micro-F1 (%)', 'test macro-F1 (%)',
@@ -173,8 +186,8 @@ def summary(folders):
         sd = p = None  # one run has no sd and no p-value
         if n > 1:
             sd = f1.std(0, ddof=1)
-            if rows and ttest_ind and rows[0]['n'] > 1:
-                p = ttest_ind(f1, rows[0]['f1'], equal_var=False).pvalue
+            if rows and with_p and rows[0]['n'] > 1:
+                p = welch([f1, rows[0]['f1']])[1]
         rows.append({'setting': group.name, 'n': n, 'f1': f1, 'mean': f1.mean(0), 'sd': sd,
                      'p': p})
         table.append(markdown([group.name, n, *(f'{m:.2f}' + (f' ± {sd[i]:.2f}' if n > 1 else '')

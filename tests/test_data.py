@@ -13,28 +13,13 @@ import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from xml.sax.saxutils import escape
 
-os.environ['HF_HUB_OFFLINE'] = '1'  # never reach the hub, whatever a test does
-os.environ['TRANSFORMERS_OFFLINE'] = '1'
+import numpy as np
+import pytest
+import torch
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-import data  # noqa: E402
-import lhmix  # noqa: E402
-import runs  # noqa: E402
-
-
-def write_lines(path, lines):  # UTF-8; a surrogate '\udce9' writes the Latin-1 byte of 'é'
-    path.write_bytes(''.join(line + '\n' for line in lines).encode('utf-8', 'surrogateescape'))
-    return str(path)
-
-
-def error(call):  # the message of the ValueError `call` raises, checked to be one line
-    with pytest.raises(ValueError) as e:
-        call()
-    assert '\n' not in str(e.value)
-    return str(e.value)
+import data
+import runs
+from helpers import TEXTS, error, tiny, write_hiagm, write_lines
 
 
 # Reading files. One that cannot be read (as root: without the capabilities that override
@@ -312,20 +297,6 @@ def test_wos_download(tmp_path, site, monkeypatch, urls, failures):
     assert not folder.exists()
 
 
-def write_hiagm(folder, train_lines=None, val_lines=None, test_lines=None):
-    folder.mkdir(parents=True, exist_ok=True)
-    write_lines(folder / 'toy.taxonomy', ['Root\tCCAT\tGCAT', 'CCAT\tC15\tC17', 'C15\tC151'])
-    write_lines(folder / 'label_names.tsv', ['CCAT\tCorporate/Industrial', 'C15\tPerformance'])
-    write_lines(folder / 'toy_train.json', train_lines or [
-        json.dumps({'token': ['profits', 'rose'], 'label': ['C151']}), '',
-        json.dumps({'doc_token': 'markets fell', 'doc_label': ['GCAT', 'C17']})])
-    write_lines(folder / 'toy_val.json', val_lines or [json.dumps({'token': 'war news',
-                                                                   'label': ['GCAT']})])
-    write_lines(folder / 'toy_test.json', test_lines or [json.dumps({'token': ['a', 'b'],
-                                                                     'label': ['C15', 'GCAT']})])
-    return folder
-
-
 def write_hpt_folder(folder, taxonomy, value_dict, splits):
     """A folder as HPT's data_*.py leave it: label ids, value_dict.pt (id -> name)."""
     folder.mkdir(parents=True)
@@ -460,27 +431,7 @@ def test_load_hiagm_errors_name_file_and_line(tmp_path, name, lines, message):
     assert msg.startswith(f'{path}{message.format(f=folder)}')
 
 
-# The pretrained model a run starts from; tiny BERTs for the tests
-
-PARENTS = {'Sci': None, 'Art': None, 'Sci/physics': 'Sci', 'Art/jazz': 'Art',
-           'Sci/physics/optics': 'Sci/physics'}
-TEXTS = ['light waves bend in glass', 'cells divide and grow', 'the band played a slow tune']
-
-
-def tiny_model(h, arch='prompt', max_length=512):
-    """An LHMix on a tiny BERT whose vocabulary is TEXTS' and the label names' words."""
-    mlm, tok = data.tiny_bert(TEXTS + h.names)
-    return lhmix.build_model(mlm, tok, h, arch, max_length), tok
-
-
-def tiny(arch='prompt', seed=1):
-    torch.manual_seed(seed)
-    model, tok = tiny_model(lhmix.Hierarchy(PARENTS), arch, max_length=64)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))  # not the initial values: a lost tensor shows
-    return model.eval(), tok
-
+# The pretrained model a run starts from
 
 def test_a_pretrained_model_must_bring_its_config_tokenizer_and_encoder(tmp_path, capsys):
     mlm, tok = data.tiny_bert(TEXTS)

@@ -14,13 +14,13 @@ import data
 import lhmix
 import runs
 
-HERE = Path(__file__).parent
+ROOT = Path(__file__).resolve().parent.parent  # the repository
 MODULES = ('lhmix.py', 'data.py', 'runs.py', 'evaluate.py', 'train.py')
 
 
 def section(title):
     """The README's section `## title`, up to the next."""
-    text = (HERE / 'README.md').read_text('utf-8')
+    text = (ROOT / 'README.md').read_text('utf-8')
     return re.search(rf'^## {re.escape(title)}\n(.*?)(?=^## )', text, re.M | re.S)[1]
 
 
@@ -28,7 +28,7 @@ def repository(folder):
     """A copy of the repository's modules in `folder`, and the environment of a fresh shell
     there: this Python first on the PATH, nothing on PYTHONPATH, no GPU."""
     for name in MODULES:
-        shutil.copy(HERE / name, folder)
+        shutil.copy(ROOT / name, folder)
     env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
     env['PATH'] = os.path.dirname(sys.executable) + os.pathsep + env['PATH']
     env['CUDA_VISIBLE_DEVICES'] = ''

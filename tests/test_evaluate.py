@@ -2,28 +2,15 @@
 import json
 import os
 
-os.environ['HF_HUB_OFFLINE'] = '1'  # never reach the hub, whatever a test does
-os.environ['TRANSFORMERS_OFFLINE'] = '1'
+import numpy as np
+import pytest
+import torch
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-import data  # noqa: E402
-import evaluate  # noqa: E402
-import lhmix  # noqa: E402
-import runs  # noqa: E402
-import train  # noqa: E402
-from test_data import TEXTS, tiny_model  # noqa: E402
-from test_lhmix import PARENTS  # noqa: E402
-from test_train import FAST, error_of, tree_state  # noqa: E402
-
-
-@pytest.fixture(scope='module')
-def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp('evaluate') / 'run'
-    train.main(FAST + ['--epochs', '1', '--out', str(out)])
-    return out
+import data
+import evaluate
+import lhmix
+import runs
+from helpers import PARENTS, TEXTS, error_of, tiny_model, tree_state
 
 
 # F1 (HiAGM convention) and scoring a checkpoint or a prediction file

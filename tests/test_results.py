@@ -3,14 +3,14 @@
 The convention: text that a tool printed (a table of tools/summary.py, tools/claims.py) follows a
 marker, a line of its own
 
-    <!-- python tools/NAME.py ARG ... -->
+    <!-- python -m tools.NAME ARG ... -->
 
 then one blank line, then the command's stdout verbatim, then a blank line or the end of the file.
 The command runs from the folder of RESULTS.md (the repository root), in the Python process
 running the tests (one import of torch for all the markers, not one each); its arguments are split
 as a shell splits them, and a glob among them expands to what it matches, in sorted order. Each
 glob must match and each argument naming a path (holding a '/') must exist: the records the
-tables come from are in the repository (tools/records/). To update a table, run its command from
+tables come from are in the repository (results/records/). To update a table, run its command from
 the repository root and put its output after the marker.
 """
 import glob
@@ -25,7 +25,7 @@ from contextlib import redirect_stderr, redirect_stdout
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MARKER = re.compile(r'<!-- python (tools/\w+\.py(?: .*)?) -->')
+MARKER = re.compile(r'<!-- python -m (tools\.\w+(?: .*)?) -->')
 
 
 def expand(arg, root):
@@ -37,15 +37,16 @@ def expand(arg, root):
 
 
 def run(argv, root):
-    """(exit status, stdout, stderr) of `python ARGV...` run from `root`, as a script run there
+    """(exit status, stdout, stderr) of `python -m ARGV...` run from `root`, as Python run there
     would give them, but in this process."""
-    script, out, err = os.path.join(root, argv[0]), io.StringIO(), io.StringIO()
+    out, err = io.StringIO(), io.StringIO()
     cwd, saved_argv, saved_path = os.getcwd(), sys.argv, sys.path[:]
+    module = sys.modules.pop(argv[0], None)  # as in a new process: the tool not yet imported
     os.chdir(root)
-    sys.argv, sys.path[:0] = argv, [os.path.dirname(script)]  # as Python puts a script's folder
+    sys.argv, sys.path[:0] = argv, [root]  # as -m puts the working folder first
     try:
         with redirect_stdout(out), redirect_stderr(err):
-            runpy.run_path(script, run_name='__main__')
+            runpy.run_module(argv[0], run_name='__main__', alter_sys=True)
         status = 0
     except SystemExit as e:  # sys.exit(message) prints the message and exits 1, as Python does
         status = e.code if isinstance(e.code, int) else 1 if e.code else 0
@@ -56,6 +57,8 @@ def run(argv, root):
     finally:
         os.chdir(cwd)
         sys.argv, sys.path[:] = saved_argv, saved_path
+        if module:
+            sys.modules[argv[0]] = module
     return status, out.getvalue(), err.getvalue()
 
 
@@ -71,13 +74,13 @@ def check(path):
             continue
         at, m = f'{name}:{i + 1}', MARKER.fullmatch(line)
         if not m:
-            problems.append(f'{at}: a marker is `<!-- python tools/NAME.py ARG ... -->`, alone on '
-                            'its line')
+            problems.append(f'{at}: a marker is `<!-- python -m tools.NAME ARG ... -->`, alone '
+                            'on its line')
             continue
         if lines[i + 1:i + 2] != ['']:
             problems.append(f'{at}: a blank line must follow the marker')
             continue
-        command, args = f'python {m.group(1)}', shlex.split(m.group(1))
+        command, args = f'python -m {m.group(1)}', shlex.split(m.group(1))
         missing = [arg for arg in args if not expand(arg, root)]
         if missing:
             problems.append(f'{at}: {missing[0]} names no records (in {root})')
@@ -109,7 +112,7 @@ def test_results_md_matches_the_tools_that_printed_it():
     assert not problems, '\n'.join(problems)
 
 
-# The checker, on a fabricated tool (tools/show.py prints a row per record: its name and value;
+# The checker, on a fabricated tool (tools.show prints a row per record: its name and value;
 # it ends as sys.exit ends on an argument that is an error message or an exit status) and
 # records; RESULTS lines by hand.
 SHOW = """import sys
@@ -118,7 +121,7 @@ for record in sys.argv[1:]:
         sys.exit(int(record) if record.isdigit() else record)
     print(f'| {record} | {open(record + "/value.txt").read().strip()} |')
 """
-RESULTS = ['# Results', '', 'The values:', '<!-- python tools/show.py records/r* -->', '',
+RESULTS = ['# Results', '', 'The values:', '<!-- python -m tools.show records/r* -->', '',
            '| records/r1 | one |', '| records/r10 | ten |', '| records/r2 | two |', '',
            '<!-- not a marker -->', 'The end.', '']
 
@@ -143,34 +146,34 @@ def test_the_output_after_each_marker_passes_and_no_marker_passes(fabricated):
     assert fabricated(RESULTS[:8]) == []   # the output ends the file
     assert fabricated(RESULTS[:3] + RESULTS[9:]) == []  # no marker at all
     # two markers, one a path, the other quoted
-    assert fabricated(RESULTS + ['<!-- python tools/show.py "records/r2" -->', '',
+    assert fabricated(RESULTS + ['<!-- python -m tools.show "records/r2" -->', '',
                                  '| records/r2 | two |']) == []
 
 
 @pytest.mark.parametrize('edit, problem', [
-    ({6: '| records/r10 | 10 |'}, "RESULTS.md:7: `python tools/show.py records/r*` prints "
-     "'| records/r10 | ten |' where RESULTS.md has '| records/r10 | 10 |'; run `python "
-     "tools/show.py records/r*` in ROOT and put its output after the marker"),
+    ({6: '| records/r10 | 10 |'}, "RESULTS.md:7: `python -m tools.show records/r*` prints "
+     "'| records/r10 | ten |' where RESULTS.md has '| records/r10 | 10 |'; run `python -m "
+     "tools.show records/r*` in ROOT and put its output after the marker"),
     ({8: '| records/r3 | three |'}, "RESULTS.md:9: '| records/r3 | three |' follows the output "
-     "of `python tools/show.py records/r*`, where a blank line or the end of the file must; run "
-     "`python tools/show.py records/r*` in ROOT and put its output after the marker"),
+     "of `python -m tools.show records/r*`, where a blank line or the end of the file must; run "
+     "`python -m tools.show records/r*` in ROOT and put its output after the marker"),
     ({4: None}, 'RESULTS.md:4: a blank line must follow the marker'),
-    ({3: '<!-- python tools/show.py records/r[12]/ -->'}, 'RESULTS.md:6: `python tools/show.py '
+    ({3: '<!-- python -m tools.show records/r[12]/ -->'}, 'RESULTS.md:6: `python -m tools.show '
      "records/r[12]/` prints '| records/r1/ | one |' where RESULTS.md has '| records/r1 | one |';"
-     ' run `python tools/show.py records/r[12]/` in ROOT and put its output after the marker'),
-    ({3: '<!-- python tools/show.py records/s* -->'}, 'RESULTS.md:4: records/s* names no records '
+     ' run `python -m tools.show records/r[12]/` in ROOT and put its output after the marker'),
+    ({3: '<!-- python -m tools.show records/s* -->'}, 'RESULTS.md:4: records/s* names no records '
      '(in ROOT)'),
-    ({3: '<!-- python tools/show.py records/r3 -->'}, 'RESULTS.md:4: records/r3 names no records '
+    ({3: '<!-- python -m tools.show records/r3 -->'}, 'RESULTS.md:4: records/r3 names no records '
      '(in ROOT)'),
-    ({3: '<!-- python tools/show.py nothing -->'}, 'RESULTS.md:4: `python tools/show.py nothing` '
+    ({3: '<!-- python -m tools.show nothing -->'}, 'RESULTS.md:4: `python -m tools.show nothing` '
      "failed (exit 1): FileNotFoundError: [Errno 2] No such file or directory: "
      "'nothing/value.txt'"),
-    ({3: "<!-- python tools/show.py 'error: no such run' -->"}, "RESULTS.md:4: `python "
-     "tools/show.py 'error: no such run'` failed (exit 1): error: no such run"),
-    ({3: '<!-- python tools/show.py records/r1 2 -->'}, 'RESULTS.md:4: `python tools/show.py '
+    ({3: "<!-- python -m tools.show 'error: no such run' -->"}, "RESULTS.md:4: `python -m "
+     "tools.show 'error: no such run'` failed (exit 1): error: no such run"),
+    ({3: '<!-- python -m tools.show records/r1 2 -->'}, 'RESULTS.md:4: `python -m tools.show '
      'records/r1 2` failed (exit 2): '),
-    ({3: '<!-- python show.py records/r* -->'}, 'RESULTS.md:4: a marker is `<!-- python '
-     'tools/NAME.py ARG ... -->`, alone on its line'),
+    ({3: '<!-- python tools/show.py records/r* -->'}, 'RESULTS.md:4: a marker is `<!-- python '
+     '-m tools.NAME ARG ... -->`, alone on its line'),
 ])
 def test_a_marker_whose_text_or_records_differ_is_named_with_its_line(fabricated, tmp_path,
                                                                       edit, problem):
@@ -181,6 +184,6 @@ def test_a_marker_whose_text_or_records_differ_is_named_with_its_line(fabricated
 
 def test_a_shorter_file_names_where_it_ends(fabricated, tmp_path):
     assert fabricated(RESULTS[:7]) == [
-        "RESULTS.md:8: `python tools/show.py records/r*` prints '| records/r2 | two |' where "
-        f'RESULTS.md ends; run `python tools/show.py records/r*` in {tmp_path} and put its output '
-        'after the marker']
+        "RESULTS.md:8: `python -m tools.show records/r*` prints '| records/r2 | two |' where "
+        f'RESULTS.md ends; run `python -m tools.show records/r*` in {tmp_path} and put its '
+        'output after the marker']

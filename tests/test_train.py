@@ -6,7 +6,6 @@ downloaded (the `tiny` BERT, the synthetic demo set or files in tmp_path)."""
 import ast
 import errno
 import functools
-import hashlib
 import json
 import math
 import os
@@ -18,52 +17,19 @@ import sys
 import time
 from pathlib import Path
 
-os.environ['HF_HUB_OFFLINE'] = '1'  # never reach the hub, whatever a test does
-os.environ['TRANSFORMERS_OFFLINE'] = '1'
+import numpy as np
+import pytest
+import torch
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import data
+import evaluate
+import lhmix
+import runs
+import train
+from helpers import FAST, PARENTS, error_of, read_metrics, tiny_model, tree_state, write_hiagm
 
-import data  # noqa: E402
-import evaluate  # noqa: E402
-import lhmix  # noqa: E402
-import runs  # noqa: E402
-import train  # noqa: E402
-
-HERE = Path(__file__).resolve().parent
-FAST = ['--data', 'demo', '--model', 'tiny', '--device', 'cpu', '--train-fraction', '0.01',
-        '--batch', '8', '--warmup-epochs', '0']  # 12 training documents, Mixup from epoch 0
+ROOT = Path(__file__).resolve().parent.parent  # the repository
 TIMING = ('seconds', 'samples_per_s')
-
-
-def tree_state(path):
-    """Everything under `path`: names, modes, file contents' hashes, link targets (None if absent),
-    to check that a refused command left it exactly as it was."""
-    def state(p):
-        if os.path.islink(p) or os.path.isdir(p):
-            return os.readlink(p) if os.path.islink(p) else ('dir', os.lstat(p).st_mode)
-        with open(p, 'rb') as f:
-            return os.lstat(p).st_mode, hashlib.sha256(f.read()).hexdigest()
-    path = str(path)
-    if not os.path.lexists(path) or os.path.islink(path) or not os.path.isdir(path):
-        return state(path) if os.path.lexists(path) else None
-    return {os.path.relpath(os.path.join(root, n), path): state(os.path.join(root, n))
-            for root, dirs, files in os.walk(path) for n in dirs + files}
-
-
-def error_of(call):
-    """The message of a `sys.exit('error: ...')`, checked to be one line."""
-    with pytest.raises(SystemExit) as e:
-        call()
-    msg = e.value.code
-    assert isinstance(msg, str) and msg.startswith('error: ') and '\n' not in msg, msg
-    return msg
-
-
-def read_metrics(out):
-    with open(os.path.join(out, 'metrics.jsonl')) as f:
-        return [json.loads(line) for line in f]
 
 
 def results(out):
@@ -307,14 +273,13 @@ def test_help_shows_each_default_its_source_and_range(capsys):
 @pytest.mark.parametrize('argv, message', [
     (['--data', '{t}/data', '--model', 'tiny', '--device', 'cpu'],
      '{t}/data/toy_val.json:3: malformed JSON'),
-    (['--data', str(HERE / 'README.md')], f'{HERE}/README.md: Not a directory'),
+    (['--data', str(ROOT / 'README.md')], f'{ROOT}/README.md: Not a directory'),
     (FAST + ['--model', '{t}/nope'], "could not load model '{t}/nope' (not a local folder"),
     (FAST + ['--model', '{run}/best'], "model '{run}/best': "),  # a checkpoint: not pretrained
     (FAST + ['--max-length', '5'], 'max_length 5 leaves -4 text tokens (at most 512 positions)'),
     (FAST + ['--max-length', '513'], 'max_length 513 leaves 504 text tokens (at most 512 '
      'positions)')])
 def test_bad_data_and_model_fail_before_writing(base_run, tmp_path, argv, message):
-    from test_data import write_hiagm
     good = json.dumps({'token': 'x', 'label': ['GCAT']})
     write_hiagm(tmp_path / 'data', val_lines=[good, good, 'not json'])
     fill = dict(t=tmp_path, run=base_run[1])
@@ -388,7 +353,7 @@ def make_out(kind, tmp_path, run):
         (tmp_path / 'keep').mkdir()
         os.rename(out / 'best', tmp_path / 'keep' / 'mybest')
         (out / 'best').symlink_to(tmp_path / 'keep' / 'mybest')
-    return {'under a file': out / 'x', 'the repository': HERE}.get(kind, out)
+    return {'under a file': out / 'x', 'the repository': ROOT}.get(kind, out)
 
 
 @pytest.mark.parametrize('kind, flags, message', [
@@ -421,7 +386,7 @@ def make_out(kind, tmp_path, run):
 def test_out_refused_before_computing_anything(base_run, tmp_path, monkeypatch, kind, flags,
                                                message):
     out = make_out(kind, tmp_path, base_run[1])
-    watched = [tmp_path, os.path.join(HERE, '.git', 'HEAD')]  # the repository: its .git too
+    watched = [tmp_path, os.path.join(ROOT, '.git', 'HEAD')]  # the repository: its .git too
     before = [tree_state(p) for p in watched]
     monkeypatch.setattr(data, 'load_data', lambda *a, **k: pytest.fail('computed before checking'))
     held = kind == 'locked' and runs.RunFolder(str(out), resume=True)  # as another train.py
@@ -471,7 +436,7 @@ def test_unwritable_outputs_refused_before_the_data_is_read(base_run, tmp_path):
     drop = ['setpriv', '--inh-caps=-all', '--bounding-set=-all'] if os.geteuid() == 0 else []
     p = subprocess.run(drop + [sys.executable, '-c', UNWRITABLE, json.dumps(
         [(script, list(map(str, argv))) for script, argv, _ in cases])], capture_output=True,
-        text=True, cwd=HERE, env={**os.environ, 'HF_HUB_OFFLINE': '1'})
+        text=True, cwd=ROOT, env={**os.environ, 'HF_HUB_OFFLINE': '1'})
     assert p.stdout.splitlines() == [f'error: --out {m}' for _, _, m in cases], p.stderr[-2000:]
     assert tree_state(tmp_path) == before
 
@@ -626,7 +591,7 @@ def test_overwrite_and_a_failed_save_leave_no_temporary_files(base_run, tmp_path
     assert files(out) == saved  # best/ and metrics.jsonl of epoch 1 saved, not last/
 
 
-RACE = [sys.executable, str(HERE / 'train.py'), *FAST, '--epochs', '2', '--train-fraction', '0.05']
+RACE = [sys.executable, str(ROOT / 'train.py'), *FAST, '--epochs', '2', '--train-fraction', '0.05']
 
 
 def test_two_runs_started_at_once_on_one_folder_one_trains(base_run, tmp_path):
@@ -771,7 +736,7 @@ def test_failure_leaves_every_file_as_it_was(base_run, tmp_path, monkeypatch, se
 
 
 WRAPPER = """import os, signal, sys
-sys.path.insert(0, {here!r})
+sys.path.insert(0, {root!r})
 calls, replace, rename = [0], os.replace, os.rename
 def kill_at(real):
     def call(src, dst, **k):  # SIGKILL instead of the Nth rename into the run's folder (others,
@@ -803,7 +768,7 @@ def test_a_kill_at_any_rename_leaves_loadable_checkpoints_and_the_next_run_clean
         out = shutil.copytree(base_run[0], tmp_path / f'{how}{n}' / 'run')
         argv = ['--data', 'demo', '--device', 'cpu', '--out', str(out), '--resume'] if how == \
             'resume' else FAST + ['--epochs', '2', '--seed', '1', '--out', str(out), '--overwrite']
-        procs.append(subprocess.Popen([sys.executable, '-c', WRAPPER.format(here=str(HERE)), *argv],
+        procs.append(subprocess.Popen([sys.executable, '-c', WRAPPER.format(root=str(ROOT)), *argv],
                                       env={**env, 'KILL_AT': str(n),
                                            'WATCH': os.path.realpath(out.parent)},
                                       stdout=subprocess.DEVNULL,
@@ -832,8 +797,6 @@ def test_a_weight_a_step_leaves_unused_moves_as_with_gradient_0():
     """The MLM head's bias gets a gradient only from a batch with masked text. After a step on
     one, a step on a batch without moves it by Adam's update for gradient 0, by hand in float64:
     m = b1 m, v = b2 v, then -lr m^ / (sqrt(v^) + eps), so eager and graphed steps agree."""
-    from test_data import tiny_model
-    from test_lhmix import PARENTS
     torch.manual_seed(0)
     model, _ = tiny_model(lhmix.Hierarchy(PARENTS))
     opt, scaler = train.make_optimizer(model, 1e-3, capturable=False)
@@ -857,8 +820,6 @@ def test_a_weight_first_used_by_the_second_step_moves_as_adam_after_a_zero_gradi
     it twice, first with gradient 0 (no move), so its second update is, by hand in float64,
     m = (1 - b1) g, v = (1 - b2) g^2, w - lr m^ / (sqrt(v^) + eps) with corrections for step 2;
     had Adam skipped the first step, the update would be about lr, corrected for step 1."""
-    from test_data import tiny_model
-    from test_lhmix import PARENTS
     torch.manual_seed(0)
     model, _ = tiny_model(lhmix.Hierarchy(PARENTS))
     opt, scaler = train.make_optimizer(model, 1e-3, capturable=False)
@@ -915,8 +876,6 @@ def test_a_run_on_the_gpu_and_its_resumption(tmp_path):
 @pytest.mark.parametrize('mix', [False, True])
 def test_cuda_graph_steps_match_eager_on_gpu_bf16(mix):
     import copy
-    from test_data import tiny_model
-    from test_lhmix import PARENTS
     device = torch.device('cuda')
     if lhmix.cuda_graphs_unavailable(device):
         pytest.skip(lhmix.cuda_graphs_unavailable(device))
@@ -940,8 +899,8 @@ def test_cuda_graph_steps_match_eager_on_gpu_bf16(mix):
 # The README's Python examples run as written
 
 def readme_blocks(alone):
-    """The README's Python blocks that run with lhmix.py alone, or those run from this folder."""
-    blocks = re.findall(r'```python\n(.*?)```', (HERE / 'README.md').read_text('utf-8'), re.S)
+    """The README's Python blocks that run with lhmix.py alone, or those run from the repository."""
+    blocks = re.findall(r'```python\n(.*?)```', (ROOT / 'README.md').read_text('utf-8'), re.S)
     return [b for b in blocks if ('import torch, transformers, lhmix\n' in b) == alone]
 
 
@@ -972,7 +931,7 @@ def test_readme_example_trains_and_predicts_with_a_copy_of_lhmix_alone(tmp_path)
     imported = {a.name for node in ast.walk(ast.parse(block))
                 if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
     assert imported == {'torch', 'transformers', 'lhmix'}
-    shutil.copy(HERE / 'lhmix.py', tmp_path)
+    shutil.copy(ROOT / 'lhmix.py', tmp_path)
     (tmp_path / 'example.py').write_text(block, 'utf-8')
     env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
     out = subprocess.run([sys.executable, 'example.py'], cwd=tmp_path, env=env, text=True,

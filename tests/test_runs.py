@@ -6,18 +6,15 @@ import os
 import pickle
 import shutil
 
-os.environ['HF_HUB_OFFLINE'] = '1'  # never reach the hub, whatever a test does
-os.environ['TRANSFORMERS_OFFLINE'] = '1'
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, safe_open, save_file
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from safetensors.torch import load_file, safe_open, save_file  # noqa: E402
-
-import data  # noqa: E402
-import lhmix  # noqa: E402
-import runs  # noqa: E402
-from test_data import PARENTS, TEXTS, error, tiny  # noqa: E402
+import data
+import lhmix
+import runs
+from helpers import PARENTS, TEXTS, error, tiny
 
 
 @pytest.fixture(scope='module')

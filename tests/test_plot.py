@@ -1,4 +1,4 @@
-"""Tests of tools/plot.py on run folders written by hand (test_tools.fake_run), reading its SVGs
+"""Tests of tools/plot.py on run folders written by hand (helpers.fake_run), reading its SVGs
 as text: each setting's name, the series and points of each figure, and where they lie, checked
 against the runs' numbers averaged here (statistics.mean and stdev) and against Eq. 4; the
 skipped figures, PNGs, and the one-line errors."""
@@ -14,12 +14,9 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-TOOLS = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(TOOLS))
-import plot  # noqa: E402
-import runs  # noqa: E402
-from test_tools import fake_run  # noqa: E402
-from test_train import error_of, tree_state  # noqa: E402
+import runs
+from helpers import error_of, fake_run, tree_state
+from tools import plot
 
 SVG, XLINK = '{http://www.w3.org/2000/svg}', '{http://www.w3.org/1999/xlink}href'
 # lambda quantiles (0, 5, 25, 50, 75, 95, 100%) of an epoch; the largest of A and B, a rounding

@@ -15,13 +15,10 @@ import sys
 
 import pytest
 
-TOOLS = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(TOOLS)
-sys.path.insert(0, TOOLS)
-sys.path.insert(0, ROOT)
-import paper  # noqa: E402
+from tools import paper
 
-REGENERATE = 'run python tools/paper.py and commit PAPER.md'
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
+REGENERATE = 'run python -m tools.paper and commit PAPER.md'
 LINK = re.compile(r'^\[[^\]\n]*\]\(([\w.]+\.py)#L(\d+)(?:-L(\d+))?\)([^\n]*)\n'
                   r'```python\n(.*?)^```$', re.M | re.S)
 
@@ -285,11 +282,12 @@ def test_the_equations_sections_sequences_and_quotations_are_the_papers():
 
 
 def run_script(folder):
-    """tools/paper.py run on a copy of itself in `folder`, beside that folder's files."""
+    """`python -m tools.paper` in `folder`, on a copy of tools/paper.py, beside that folder's
+    files."""
     os.makedirs(folder / 'tools', exist_ok=True)
-    shutil.copy(os.path.join(TOOLS, 'paper.py'), folder / 'tools')
-    return subprocess.run([sys.executable, str(folder / 'tools' / 'paper.py')],
-                          capture_output=True, text=True, timeout=60)
+    shutil.copy(os.path.join(ROOT, 'tools', 'paper.py'), folder / 'tools')
+    return subprocess.run([sys.executable, '-m', 'tools.paper'], cwd=folder, capture_output=True,
+                          text=True, timeout=60)
 
 
 SOURCE = '''"""Eq. 1 in a docstring is no tag."""

@@ -13,68 +13,27 @@ import numpy as np
 import pytest
 import torch
 
-TOOLS = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(TOOLS))
-import claims  # noqa: E402
-import data  # noqa: E402
-import evaluate  # noqa: E402
-import lhmix  # noqa: E402
-import runs  # noqa: E402
-import similar  # noqa: E402
-import summary  # noqa: E402
-import train  # noqa: E402
-from test_train import FAST, error_of, read_metrics, tree_state  # noqa: E402
+import data
+import evaluate
+import lhmix
+import runs
+from helpers import ARGS, FAST, error_of, fake_run, read_metrics, tree_state
+from tools import claims, similar, summary
 
-
-# train.py's arguments as a run records them, at the demo's defaults
-ARGS = {k: v for k, v in vars(train.parse(['--data', 'demo'])[0]).items() if k not in train.CONTROL}
-PERCENTS = ('0', '5', '25', '50', '75', '95', '100')  # metrics.jsonl's lambda quantiles
-
-
-def fake_run(folder, micro, macro, depths=(60, 40), quartiles=(30, 40, 50, 60), history=(),
-             best=0, **args):
-    """A finished train.py run written by hand into `folder`: its test micro- and macro-F1 (%),
-    macro-F1 (%) per depth (depth d: 10 d labels) and per label-frequency quartile (quartile q: 10
-    labels of 10 q to 10 q + 9 training documents); its epochs in metrics.jsonl, each (dev
-    macro-F1 %, dev micro-F1 %, the lambda quantiles or None without Mixup); its best epoch and
-    arguments (ARGS but those given)."""
-    os.makedirs(folder)
-    lines = [{'epoch': e, 'mix': lam is not None, 'train_loss': 1.0, 'dev_micro_f1': mi / 100,
-              'dev_macro_f1': ma / 100, 'seconds': 1.0, 'samples_per_s': 10.0,
-              **({'lambda': {'mean': float(np.mean(lam)), 'quantiles': dict(zip(PERCENTS, lam))}}
-                 if lam is not None else {})} for e, (ma, mi, lam) in enumerate(history)]
-    test = {'micro_f1': micro / 100, 'macro_f1': macro / 100,
-            'per_depth': {str(d): {'labels': 10 * d, 'micro_f1': 0.5, 'macro_f1': f / 100}
-                          for d, f in enumerate(depths, 1)},
-            'by_frequency': [{'quartile': q, 'labels': 10, 'train_docs_min': 10 * q,
-                              'train_docs_max': 10 * q + 9, 'micro_f1': 0.5, 'macro_f1': f / 100}
-                             for q, f in enumerate(quartiles, 1)],
-            'best_epoch': best, 'checkpoint': os.path.join(folder, 'best'),
-            'args': {**ARGS, **args}}
-    with open(os.path.join(folder, runs.METRICS), 'w') as f:
-        f.writelines(json.dumps(h) + '\n' for h in lines)
-    with open(os.path.join(folder, runs.TEST_METRICS), 'w') as f:
-        json.dump(test, f)
-    return str(folder)
-
-
-@pytest.fixture(scope='module')
-def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp('tools') / 'run'
-    train.main(FAST + ['--epochs', '2', '--out', str(out)])
-    return out
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 
 
 def test_bench_runs_on_a_cpu_at_tiny_sizes_and_says_its_defaults():
-    bench = [sys.executable, os.path.join(TOOLS, 'bench.py'), '--device', 'cpu']
-    help = ' '.join(subprocess.run(bench + ['-h'], capture_output=True, text=True).stdout.split())
+    bench = [sys.executable, '-m', 'tools.bench', '--device', 'cpu']
+    help = ' '.join(subprocess.run(bench + ['-h'], capture_output=True, text=True,
+                                   cwd=ROOT).stdout.split())
     for flag in ("--batch BATCH documents a step (default: 16, train.py's)",
                  '--steps STEPS batches per timed pass (default: 30 on a GPU, 3 on a CPU)',
                  '--rounds ROUNDS timed passes, the median reported (default: 9 on a GPU, 2 on a '
                  'CPU)'):
         assert flag in help, help
     p = subprocess.run(bench + ['--steps', '2', '--rounds', '1'], capture_output=True, text=True,
-                       timeout=300)  # the default, tiny sizes on a CPU
+                       cwd=ROOT, timeout=300)  # the default, tiny sizes on a CPU
     lines = p.stdout.splitlines()
     assert p.returncode == 0 and lines[0].startswith('CPU, torch'), p.stderr[-2000:]
     rows = [line.rsplit(None, 3) for line in lines[3:7]]
@@ -199,23 +158,20 @@ def test_fake_runs_have_the_files_and_keys_of_train_pys_runs(run, tmp_path):
 def test_a_closed_pipe_ends_every_script_quietly(run, tmp_path):
     """`... | head -1` on train.py, evaluate.py --texts, tools/summary.py, tools/similar.py, side
     by side: exit 1, no error on stderr (transformers 4 warns of BertForMaskedLM there)."""
-    root = os.path.dirname(TOOLS)
     (tmp_path / 'in.txt').write_text('\n'.join(['quantum optics'] * 300))
-    commands = [[os.path.join(root, 'train.py'), *FAST, '--epochs', '1', '--out',
-                 str(tmp_path / 'run')],
-                [os.path.join(root, 'evaluate.py'), '--ckpt', str(run / 'best'), '--texts',
-                 str(tmp_path / 'in.txt'), '--device', 'cpu'],
-                [os.path.join(TOOLS, 'summary.py'), str(run)],
-                [os.path.join(TOOLS, 'similar.py'), '--ckpt', str(run / 'best'), '--label',
-                 'optics']]
+    commands = [['train.py', *FAST, '--epochs', '1', '--out', str(tmp_path / 'run')],
+                ['evaluate.py', '--ckpt', str(run / 'best'), '--texts', str(tmp_path / 'in.txt'),
+                 '--device', 'cpu'],
+                ['-m', 'tools.summary', str(run)],
+                ['-m', 'tools.similar', '--ckpt', str(run / 'best'), '--label', 'optics']]
     procs = [subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, env={**os.environ, 'HF_HUB_OFFLINE': '1'})
-             for argv in commands]
+                              stderr=subprocess.PIPE, cwd=ROOT,
+                              env={**os.environ, 'HF_HUB_OFFLINE': '1'}) for argv in commands]
     for p in procs:
         p.stdout.close()
     for argv, p in zip(commands, procs):
         err = p.stderr.read().decode()
-        assert p.wait() == 1 and 'Traceback' not in err and 'Error' not in err, (argv[0], err)
+        assert p.wait() == 1 and 'Traceback' not in err and 'Error' not in err, (argv[:2], err)
 
 
 def test_a_missing_prediction_file_is_named_before_any_data_is_read(tmp_path, monkeypatch):
@@ -610,7 +566,7 @@ def test_claims_name_what_is_missing_and_refuse_what_is_not_one_study(ablation, 
                                slope_cells([(0.75, 50), (0.75, 52), (1, 50)])[1]]
     assert next(v for c, v in verdicts.items() if c.startswith('Fig. 6')) == (
         'cannot be tested here: 1 of the 3 runs of Prompt have no relatives.json '
-        '(tools/similar.py --all-labels --out RUN/relatives.json)')
+        '(python -m tools.similar --all-labels --out RUN/relatives.json)')
     assert verdicts['Table 3, Prompt: Prompt < + Mixup < + LH-Mix'] == 'not reproduced'
     for name in ('lhmix-s0', 'lhmix-s1'):  # at + LH-Mix's --alpha and --beta, given
         (root / name / runs.TEST_METRICS).write_text(
