@@ -3,15 +3,17 @@ that it can be copied alone into another one.
 
 It follows the paper: Sec. 3 (the label tree, the hierarchical prompt, the verbalizer of Eq. 1 and
 ZMLCE, Eq. 2), then Sec. 4 (local hierarchies and their similarity, the mixing ratio, Mixup with
-loss mixing: Eqs. 3-7). What the paper leaves out comes last: feeding the model (tokens, batches,
-Mixup partners, prediction, CUDA graphs), and ZMLCE fused into one Triton kernel (Eqs. 2 and 8).
+loss mixing: Eqs. 3-7). What is not LH-Mix comes last: Table 3's flat BERT baseline; feeding the
+model (tokens, batches, Mixup partners, prediction, CUDA graphs); and ZMLCE fused into one Triton
+kernel (Eqs. 2 and 8).
 
 The API, in that order:
 
     Hierarchy(parents, names)     the label tree (Sec. 3.1); label ids are the order of `parents`
     template(num_depths, ...)     the hierarchical prompt's ids, [CLS] [D1] [P] ... [SEP] (Sec. 3.2)
     LHMix(mlm, hierarchy, ...)    the prompt-tuned masked LM; model(**batch) -> (loss, lambda)
-    build_model(mlm, tokenizer, hierarchy, arch)   a fresh LHMix, labels started from their names
+    build_model(mlm, tokenizer, hierarchy, arch)   a fresh ARCHS[arch], labels started from their
+                                  names; warns of names that have no word-piece but [UNK]
     zmlce(scores, targets, valid)                  Eq. 2, a multi-label loss
     local_hierarchy_ids(model, label_ids, name_ids)   a local hierarchy's sequence (Sec. 4.1)
     local_hierarchy_table(model, tokenizer, label_sets)   each local hierarchy encoded (Sec. 4.1)
@@ -20,15 +22,19 @@ The API, in that order:
                                   Eqs. 3, 4 and 5
     vanilla_mixup_ratio(rng, a, n)                 Table 3's + Mixup: folded Beta(a, a) ratios
     training_loss(model, **batch)                  Eqs. 2-7, what model(**batch) computes
+    FlatBERT(mlm, hierarchy, ...) Table 3's flat BERT, HGCLR's: a linear layer on [CLS], BCE
+    ARCHS                         the models by their `arch`: {'prompt': LHMix, 'bert': FlatBERT}
     tokenize(tokenizer, texts, max_text_len)       texts as word-pieces, cut to fit
     make_batch(model, token_ids, labels, ...)      a batch that model(**batch) takes
     mask_tokens(input_ids, ...)                    BERT's masking for HPT's MLM term
     train_batches(lengths, batch_size, rng, mixing)   an epoch's batches and Mixup partners
     to_device(batch, device)                       a batch moved without a host sync
-    score_documents(model, token_ids)              label scores; a label is predicted at > 0
+    score_documents(model, token_ids)              every label's score, a numpy float32 array
+                                  (N, V) in input order; a label is predicted where > 0
     autocast(device), cuda_graphs_unavailable(device), CUDAGraphs(fn)   for fast GPU steps
 """
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -44,9 +50,9 @@ except ImportError:  # Without Triton, ZMLCE runs as plain torch operations ever
 
 __all__ = ['Hierarchy', 'template', 'LHMix', 'build_model', 'zmlce', 'local_hierarchy_ids',
            'local_hierarchy_table', 'use_local_hierarchies', 'hierarchy_similarity',
-           'mixup_ratio', 'mix_hidden', 'vanilla_mixup_ratio', 'training_loss', 'tokenize',
-           'make_batch', 'mask_tokens', 'train_batches', 'to_device', 'score_documents',
-           'autocast', 'cuda_graphs_unavailable', 'CUDAGraphs']
+           'mixup_ratio', 'mix_hidden', 'vanilla_mixup_ratio', 'training_loss', 'FlatBERT',
+           'ARCHS', 'tokenize', 'make_batch', 'mask_tokens', 'train_batches', 'to_device',
+           'score_documents', 'autocast', 'cuda_graphs_unavailable', 'CUDAGraphs']
 
 
 # Sec. 3: the label tree, the hierarchical prompt, the verbalizer (Eq. 1) and ZMLCE (Eq. 2)
@@ -78,8 +84,8 @@ class Hierarchy:
         self.num_depths = max(self.depth)
         self.by_depth = [[i for i, d in enumerate(self.depth) if d == k]
                          for k in range(1, self.num_depths + 1)]
-        names = names or {}
-        self.names = [names.get(v, v.rsplit('/', 1)[-1]).replace('_', ' ') for v in self.labels]
+        self.names = [(names or {}).get(v, v.rsplit('/', 1)[-1]).replace('_', ' ')
+                      for v in self.labels]
 
     def __len__(self):
         return len(self.labels)
@@ -91,6 +97,10 @@ class Hierarchy:
     def closure(self, label_ids):
         """The sorted label set with every ancestor of its labels added: a gold label's ancestors
         are gold too, as the paths of Sec. 3.1 make them."""
+        label_ids = list(label_ids)
+        for v in label_ids:
+            if not 0 <= v < len(self):
+                raise ValueError(f'label id {v}: give ids 0 to {len(self) - 1}, the tree\'s labels')
         return sorted({a for v in label_ids for a in self.path(v)})
 
 
@@ -101,14 +111,14 @@ def template(num_depths, cls_id, sep_id, depth_ids, slot_id):
 
 
 class LHMix(nn.Module):
-    """A BERT-style masked LM prompted with the label tree. Its vocabulary gains a token per
-    label (their embeddings are the verbalizer), a token [Dd] per depth and the slot token [P],
-    with ids base_vocab + [labels | depths | slot]. arch 'prompt' is the paper's model (Eq. 1);
-    'bert' is Table 3's flat BERT, HGCLR's baseline: dropout and a linear layer on [CLS]."""
+    """A BERT-style masked LM prompted with the label tree (Sec. 3.2). Its vocabulary gains a
+    token per label (their embeddings are the verbalizer), a token [Dd] per depth and the slot
+    token [P], with ids base_vocab + [labels | depths | slot]. `arch` names it in checkpoints."""
+    arch = 'prompt'
 
-    def __init__(self, mlm, hierarchy, arch, base_vocab, special, max_length=512):
+    def __init__(self, mlm, hierarchy, base_vocab, special, max_length=512):
         super().__init__()
-        self.mlm, self.hierarchy, self.arch, self.base_vocab = mlm, hierarchy, arch, base_vocab
+        self.mlm, self.hierarchy, self.base_vocab = mlm, hierarchy, base_vocab
         self.special, self.max_length = special, max_length  # special: cls, sep, pad, mask ids
         V, D = len(hierarchy), hierarchy.num_depths
         self.depth_ids, self.slot_id = [base_vocab + V + d for d in range(D)], base_vocab + V + D
@@ -116,19 +126,8 @@ class LHMix(nn.Module):
         # The MLM head's transform (dense, activation, LayerNorm) is the classifier of Eq. 1's
         # f^d, and the label tokens' embeddings are its verbalizer.
         self.transform = mlm.cls.predictions.transform  # Eq. 1: f^d's classifier
-        if arch == 'prompt':
-            self.prefix = template(D, special['cls'], special['sep'], self.depth_ids, self.slot_id)
-            self.label_bias = nn.Parameter(torch.zeros(V))
-            valid = torch.arange(1, D + 1)[:, None] == torch.tensor(hierarchy.depth)  # Eq. 1: V^d
-        else:
-            self.prefix = [special['cls']]
-            self.dropout = nn.Dropout(mlm.config.hidden_dropout_prob)
-            self.classifier = nn.Linear(mlm.config.hidden_size, V)
-            valid = torch.ones(1, V, dtype=torch.bool)
-        # Row d of `valid` marks the labels that slot d scores: those of depth d (Eq. 1), or, for
-        # the flat BERT, every label from the one slot, its [CLS].
+        self.prefix, slots, valid = self.head()
         self.register_buffer('valid', valid, persistent=False)
-        slots = [i for i, t in enumerate(self.prefix) if t == self.slot_id] or [0]
         self.register_buffer('slot_offsets', torch.tensor(slots), persistent=False)
         positions = mlm.config.max_position_embeddings
         if not 0 < self.text_budget(max_length) or max_length > positions:
@@ -137,6 +136,33 @@ class LHMix(nn.Module):
         # LH-Mix's table of encoded local hierarchies (Sec. 4.1), set by use_local_hierarchies().
         self.register_buffer('local_hierarchies', None, persistent=False)
         self.alpha = self.beta = None
+
+    def head(self):
+        """Return (the prompt, its slots' positions, `valid`), and make the label bias. Row d of
+        `valid` marks the labels that depth d's slot [P] scores: those of depth d (Eq. 1)."""
+        h, D = self.hierarchy, self.hierarchy.num_depths
+        self.label_bias = nn.Parameter(torch.zeros(len(h)))
+        prefix = template(D, self.special['cls'], self.special['sep'], self.depth_ids, self.slot_id)
+        valid = torch.arange(1, D + 1)[:, None] == torch.tensor(h.depth)  # Eq. 1: V^d
+        return prefix, [i for i, t in enumerate(prefix) if t == self.slot_id], valid
+
+    @torch.no_grad()
+    def initialize(self, tokenizer):
+        """Starts the new tokens: each label token as the mean embedding of its name's
+        word-pieces, the depth tokens random (Sec. 5.2), [P] as [MASK] (the authors' code).
+        Warns, in one line, of the labels whose names have no word-piece but [UNK]."""
+        emb, names = self.mlm.get_input_embeddings().weight, self.name_ids(tokenizer)
+        unk = [v for v, ids in zip(self.hierarchy.labels, names)
+               if set(ids) == {tokenizer.unk_token_id}]
+        if unk:
+            warnings.warn(f'labels {unk}: their names have no word-piece but [UNK], so they start '
+                          'as [UNK] and are [UNK] alike in local hierarchies: name them '
+                          '(Hierarchy(parents, names))')
+        for v, ids in enumerate(names):
+            emb[self.base_vocab + v] = emb[ids].mean(0)
+        for d in self.depth_ids:
+            emb[d].normal_(0.0, self.mlm.config.initializer_range)
+        emb[self.slot_id] = emb[self.special['mask']]
 
     def name_ids(self, tokenizer):
         """Each label name's word-pieces; a name that has none is [UNK]."""
@@ -162,25 +188,19 @@ class LHMix(nn.Module):
             cu_seq_lens_q=offsets, max_length_q=max(self.max_length, PACKED)).last_hidden_state
 
     def slots(self, hidden, starts):
-        """The slots' hidden states (B, slots, H): each depth's [P], or the flat BERT's [CLS].
-        `hidden` (rows, T, H) is read as one flat sequence of rows * T positions, and `starts`
-        holds each document's first flat position: b * T when a row holds one document, its
-        offset when a packed row holds them all. The slots follow at `slot_offsets` from there."""
-        return hidden.flatten(0, 1)[starts[:, None] + self.slot_offsets]
+        """The slots' hidden states (B, slots, H), Eq. 1's h^d. `hidden` (rows, T, H) is read as
+        one flat sequence of rows * T positions, and `starts` holds each document's first flat
+        position: b * T when a row holds one document, its offset when a packed row holds them
+        all. The slots follow at `slot_offsets` from there."""
+        return hidden.flatten(0, 1)[starts[:, None] + self.slot_offsets]  # Eqs. 1 and 5: h^d
 
     def score(self, slot_hidden):
         """Eq. 1's scores p^d (B, slots, V); only the `valid` labels of each slot mean anything."""
-        if self.arch == 'bert':
-            return self.classifier(self.dropout(slot_hidden))
         verbalizer = self.label_embeddings().t()  # Eq. 1
         return self.transform(slot_hidden) @ verbalizer + self.label_bias  # Eq. 1
 
     def loss(self, scores, targets):
-        """The loss of each document and slot (B, slots): Eq. 2 for the prompt; for the flat BERT,
-        HGCLR's binary cross-entropy, a mean over the labels."""
-        if self.arch == 'bert':
-            return F.binary_cross_entropy_with_logits(
-                scores.float(), targets.float(), reduction='none').mean(-1)
+        """The loss of each document and slot (B, slots): Eq. 2 over each depth's labels."""
         return zmlce(scores, targets, self.valid)  # Eq. 2, over V^d
 
     def mlm_loss(self, hidden, positions, labels):
@@ -203,22 +223,12 @@ class LHMix(nn.Module):
 
 
 def build_model(mlm, tokenizer, hierarchy, arch, max_length=512):
-    """A fresh LHMix. Each label token starts as the mean embedding of its name's word-pieces, the
-    depth tokens start random (Sec. 5.2), [P] starts as [MASK] (the authors' code), and the flat
-    BERT's classifier as HGCLR starts it."""
+    """A fresh LHMix (arch 'prompt') or FlatBERT ('bert'), its new tokens started by its
+    `initialize`: each label token from its name, with a warning of names without word-pieces."""
     special = {'cls': tokenizer.cls_token_id, 'sep': tokenizer.sep_token_id,
                'pad': tokenizer.pad_token_id, 'mask': tokenizer.mask_token_id}
-    model = LHMix(mlm, hierarchy, arch, len(tokenizer), special, max_length)
-    emb = mlm.get_input_embeddings().weight
-    with torch.no_grad():
-        for v, ids in enumerate(model.name_ids(tokenizer)):
-            emb[model.base_vocab + v] = emb[ids].mean(0)
-        for d in model.depth_ids:
-            emb[d].normal_(0.0, mlm.config.initializer_range)
-        emb[model.slot_id] = emb[special['mask']]
-        if arch == 'bert':
-            model.classifier.weight.normal_(0.0, mlm.config.initializer_range)
-            model.classifier.bias.zero_()
+    model = ARCHS[arch](mlm, hierarchy, len(tokenizer), special, max_length)
+    model.initialize(tokenizer)
     return model
 
 
@@ -234,7 +244,7 @@ def plain_zmlce(scores, targets, valid=None):
     """Eq. 2 in torch operations. Each of its sums is a log-sum-exp with a zero for its 1, and the
     labels outside `valid` enter as -inf, so that the loss stays finite at any score."""
     s = scores.to(torch.promote_types(scores.dtype, torch.float32))
-    pos = targets.bool()
+    pos = targets.bool()  # Eq. 2: V_pos; V_neg is the rest
     x = torch.where(pos, -s, s)  # Eq. 2
     if valid is not None:
         x = x.masked_fill(~valid, -math.inf)
@@ -290,7 +300,7 @@ def hierarchy_similarity(h_i, h_j):
     """Eq. 3's s of two local hierarchies' [CLS] states, clamped to [0, 1], because rounding can
     put s a little below 0, where Eq. 4's s^alpha is NaN."""
     s = 0.5 * (F.cosine_similarity(h_i.float(), h_j.float(), dim=-1) + 1)  # Eq. 3
-    return s.clamp(0.0, 1.0)
+    return s.clamp(0.0, 1.0)  # Eq. 3's s, kept in [0, 1]
 
 
 def mixup_ratio(s, alpha, beta):
@@ -309,7 +319,7 @@ def vanilla_mixup_ratio(rng, a, n):
 
 def pair_ratios(hier, partner, alpha, beta):
     """Each document's lambda, from its local hierarchy's state `hier` (B, H) and its partner's."""
-    return mixup_ratio(hierarchy_similarity(hier, hier[partner]), alpha, beta)
+    return mixup_ratio(hierarchy_similarity(hier, hier[partner]), alpha, beta)  # Eqs. 3 and 4
 
 
 def mix_hidden(h_i, h_j, lam):
@@ -323,33 +333,73 @@ def training_loss(model, input_ids, starts, targets, attention_mask=None, positi
                   offsets=None, partner=None, lam=None, hierarchy_ids=None, mlm_pos=None,
                   mlm_labels=None):
     """Return (loss, lambda or None) of a batch from make_batch. Each document mixes with the one
-    at `partner` by the ratio `lam` (vanilla Mixup) or by LH-Mix's ratio from its local
-    hierarchy, `hierarchy_ids`. The loss is summed over the depths (the paper does not say how
-    they combine; the authors' code takes one ZMLCE over all labels) and averaged over the
-    documents, plus HPT's MLM term when any text is masked."""
-    if partner is not None and lam is None and hierarchy_ids is None:
-        raise ValueError('a batch with `partner` mixes by a ratio: give `lam` (vanilla Mixup) or '
-                         '`hierarchy_ids` (LH-Mix)')
+    at `partner` by the ratio `lam` (vanilla Mixup), a tensor (B,) of ratios in [0, 1], or by
+    LH-Mix's ratio from its local hierarchy, `hierarchy_ids`. A `lam` is checked to lie in [0, 1]
+    unless it is on a GPU, where the check would wait for the GPU. The loss is summed
+    over the depths (the paper does not say how they combine; the authors' code takes one ZMLCE
+    over all labels) and averaged over the documents, plus HPT's MLM term when any text is
+    masked."""
+    if (lam is not None) + (hierarchy_ids is not None) != (partner is not None):
+        raise ValueError('Mixup takes `partner` and one ratio: give it either `lam` (vanilla '
+                         'Mixup) or `hierarchy_ids` (LH-Mix)')
+    if lam is not None and not torch.is_tensor(lam):
+        raise TypeError(f'lam {lam!r}: give a tensor, one ratio per document')
+    if lam is not None and not lam.is_cuda and not ((lam >= 0) & (lam <= 1)).all():
+        raise ValueError(f'lam {lam.tolist()}: give ratios in [0, 1]')
     if hierarchy_ids is not None and model.local_hierarchies is None:
         raise ValueError('hierarchy_ids needs the local hierarchies: call '
                          'lhmix.use_local_hierarchies(model, table, alpha, beta) first')
     hidden = model.encode(input_ids, attention_mask, position_ids, offsets)
-    h = model.slots(hidden, starts)
-    if hierarchy_ids is not None:
-        lam = pair_ratios(model.local_hierarchies[hierarchy_ids], partner, model.alpha,
-                          model.beta)  # Eqs. 3 and 4
-    if partner is not None:
-        h = mix_hidden(h, h[partner], lam)  # Eq. 5
-    p, t = model.score(h), targets[:, None, :]  # Eq. 6: the mixed states scored
+    h, t = model.slots(hidden, starts), targets[:, None, :]  # Eqs. 1 and 5: h^d
     if partner is None:
-        loss = model.loss(p, t)  # Eq. 2
-    else:  # Each pair by its own lambda, not by the batch's mean lambda as the authors' code.
-        w = lam.float()[:, None]
+        loss = model.loss(model.score(h), t)  # Eq. 2
+    else:
+        if hierarchy_ids is not None:
+            lam = pair_ratios(model.local_hierarchies[hierarchy_ids], partner, model.alpha,
+                              model.beta)  # Eqs. 3 and 4
+        h = mix_hidden(h, h[partner], lam)  # Eq. 5
+        p = model.score(h)  # Eq. 6: the mixed states scored
+        # Each pair by its own lambda, not by the batch's mean lambda as the authors' code.
+        w = lam.float()[:, None]  # Eq. 7's lambda
         loss = w * model.loss(p, t) + (1 - w) * model.loss(p, t[partner])  # Eq. 7
     loss = loss.sum(-1).mean()  # Eqs. 2 and 7, summed over the depths
     if mlm_pos is not None:
         loss = loss + model.mlm_loss(hidden, mlm_pos, mlm_labels)
     return loss, lam
+
+
+# Not LH-Mix: Table 3's flat BERT, HGCLR's baseline
+
+class FlatBERT(LHMix):
+    """Table 3's flat BERT, HGCLR's: the text alone after [CLS], whose state dropout and a linear
+    layer map to every label's score, and binary cross-entropy. Mixup mixes the [CLS] states
+    (Eqs. 5-7 with this score and loss; the paper does not say which states its rows mix)."""
+    arch = 'bert'
+
+    def head(self):
+        """Return ([CLS], its one slot, every label valid), and make HGCLR's classifier."""
+        self.dropout = nn.Dropout(self.mlm.config.hidden_dropout_prob)
+        self.classifier = nn.Linear(self.mlm.config.hidden_size, len(self.hierarchy))
+        return [self.special['cls']], [0], torch.ones(1, len(self.hierarchy)).bool()
+
+    @torch.no_grad()
+    def initialize(self, tokenizer):
+        """LHMix's, then the classifier as HGCLR starts it: normal(0, initializer_range), bias 0."""
+        super().initialize(tokenizer)
+        self.classifier.weight.normal_(0.0, self.mlm.config.initializer_range)
+        self.classifier.bias.zero_()
+
+    def score(self, slot_hidden):
+        """Every label's score (B, 1, V) from the [CLS] state."""
+        return self.classifier(self.dropout(slot_hidden))
+
+    def loss(self, scores, targets):
+        """HGCLR's binary cross-entropy of each document (B, 1), a mean over the labels."""
+        return F.binary_cross_entropy_with_logits(
+            scores.float(), targets.float(), reduction='none').mean(-1)
+
+
+ARCHS = {m.arch: m for m in (LHMix, FlatBERT)}  # build_model's `arch`; runs.py's checkpoints
 
 
 # Not in the paper: the encoder's attention, tokens, batches, prediction and CUDA graphs
@@ -368,7 +418,9 @@ def adapt_encoder(mlm, vocab_size):
         raise ValueError(f'{type(mlm).__name__}: not a BERT-style masked LM (cls.predictions)')
     if mlm.get_input_embeddings().num_embeddings != vocab_size:
         mlm.resize_token_embeddings(vocab_size, mean_resizing=False)
-    if TRANSFORMERS_5:
+    if TRANSFORMERS_5:  # Registered here, so that importing this module changes nothing.
+        transformers.AttentionInterface.register('lhmix', document_attention)
+        AttentionMaskInterface.register('lhmix', ALL_MASK_ATTENTION_FUNCTIONS['sdpa'])
         mlm.set_attn_implementation('lhmix')
 
 
@@ -424,11 +476,6 @@ def document_attention(module, query, key, value, attention_mask, dropout=0.0, s
     return out.transpose(1, 2).values()[None], None  # (1, T, heads, d), as transformers' own
 
 
-if TRANSFORMERS_5:
-    transformers.AttentionInterface.register('lhmix', document_attention)
-    AttentionMaskInterface.register('lhmix', ALL_MASK_ATTENTION_FUNCTIONS['sdpa'])
-
-
 def make_batch(model, token_ids, labels, rng=None, mlm_rate=0.0, for_cuda_graphs=False,
                pack=False):
     """`prompt text [SEP]` for each document, laid out (see layout) in rows padded to a multiple
@@ -436,9 +483,10 @@ def make_batch(model, token_ids, labels, rng=None, mlm_rate=0.0, for_cuda_graphs
     (Hierarchy.closure), so leaves alone will do. With mlm_rate, the text is masked for HPT's MLM
     term (mask_tokens, drawing from `rng`); `for_cuda_graphs` pads its positions (graph_padded).
     Everything is made on the CPU: no step syncs."""
+    if len(labels) != len(token_ids):
+        raise ValueError(f'{len(token_ids)} texts, {len(labels)} label lists: give one per text')
     if mlm_rate > 0 and rng is None:
-        raise ValueError('make_batch: mlm_rate > 0 draws masks from rng: pass '
-                         'rng=numpy.random.default_rng(seed)')
+        raise ValueError('mlm_rate > 0 draws masks: give rng=numpy.random.default_rng(seed)')
     multiple = 16 if next(model.parameters()).is_cuda else 8
     seqs = [np.concatenate([model.prefix, t, [model.special['sep']]]) for t in token_ids]
     batch = layout(seqs, model.special['pad'], multiple, pack)
@@ -554,9 +602,9 @@ class CUDAGraphs:
 
 @torch.no_grad()
 def score_documents(model, token_ids, batch_size=128):
-    """The label scores (N, V) of documents given as word-pieces, in float32 and input order; a
-    label is predicted where its score is above 0. The model scores in eval mode (no dropout) and
-    is left in the mode it was in."""
+    """Return every label's score for each document given as word-pieces: a numpy float32 array
+    (N, V), in input order, each label scored at its own depth's slot; a label is predicted where
+    its score is above 0. The model scores in eval mode (no dropout) and is left in its mode."""
     device, was_training = next(model.parameters()).device, model.training
     out = torch.zeros(len(token_ids), len(model.hierarchy), device=device)
     model.eval()

@@ -14,7 +14,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save
 
 from data import one_line, temporary, write_whole
-from lhmix import Hierarchy, LHMix
+from lhmix import ARCHS, Hierarchy
 
 # A run's figures and its checkpoints: best/ holds the best dev macro-F1's, last/ the one to
 # resume from. A checkpoint's files are written in the order of CHECKPOINT, its weights last.
@@ -111,9 +111,9 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
         h = meta['hierarchy']
         mlm = AutoModelForMaskedLM.from_config(AutoConfig.from_pretrained(  # SDPA, as trained
             folder, trust_remote_code=False), trust_remote_code=False, attn_implementation='sdpa')
-        model = LHMix(mlm, Hierarchy(dict(zip(h['labels'], h['parents'])),
-                                     dict(zip(h['labels'], h['names']))),
-                      meta['arch'], meta['base_vocab'], meta['special'], meta['max_length'])
+        model = ARCHS[meta['arch']](mlm, Hierarchy(dict(zip(h['labels'], h['parents'])),
+                                                   dict(zip(h['labels'], h['names']))),
+                                    meta['base_vocab'], meta['special'], meta['max_length'])
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
         raise ValueError(f'{folder}: config.json, tokenizer or metadata unreadable '

@@ -1,11 +1,14 @@
-"""Tests of lhmix.py in the paper's order (Kong, Zhang & Wang, KDD 2025). Every expected value
-is computed here, independently: the paper's formulas in float64, or worked by hand. Nothing is
-downloaded: models are `tiny` BERTs built locally."""
+"""Tests of lhmix.py in the paper's order (Kong, Zhang & Wang, KDD 2025), then of its baseline,
+its misuse and its import. Every expected value is computed here, independently: the paper's
+formulas in float64, or worked by hand. They need lhmix.py alone, beside this file: nothing is
+downloaded, and the models are tiny BERTs built here."""
 import math
 import os
 import re
 import subprocess
 import sys
+import tempfile
+import warnings
 
 os.environ['HF_HUB_OFFLINE'] = '1'  # never reach the hub, whatever a test does
 os.environ['TRANSFORMERS_OFFLINE'] = '1'
@@ -15,9 +18,35 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import data  # noqa: E402
 import lhmix  # noqa: E402
-from test_data import TEXTS, error, tiny_model, write_lines  # noqa: E402
+from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast  # noqa: E402
+
+PARENTS = {'Sci': None, 'Art': None, 'Sci/quantum_physics': 'Sci', 'Sci/biology': 'Sci',
+           'Art/jazz_music': 'Art', 'Sci/quantum_physics/optics': 'Sci/quantum_physics'}
+DEPTHS = [1, 1, 2, 2, 2, 3]
+TEXTS = ['light waves bend in glass', 'cells divide and grow', 'the band played a slow tune']
+
+
+def tiny_model(hierarchy, arch='prompt', max_length=512):
+    """build_model on a 2-layer, 128-wide BERT whose WordPiece vocabulary is the words of TEXTS
+    and of the label names."""
+    words = sorted({w for t in TEXTS + hierarchy.names for w in re.findall(r'\w+', t.lower())})
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, 'vocab.txt')
+        with open(path, 'w') as f:
+            f.write('\n'.join(['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] + words) + '\n')
+        tok = BertTokenizerFast(path)
+    mlm = BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=128, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=256))
+    return lhmix.build_model(mlm, tok, hierarchy, arch, max_length), tok
+
+
+def error(call, kind=ValueError):
+    """The message of the `kind` error that `call` raises, checked to be one line."""
+    with pytest.raises(kind) as e:
+        call()
+    assert '\n' not in str(e.value)
+    return str(e.value)
 
 
 # ZMLCE: Eq. 2, per row log(1 + sum_{neg} e^s) + log(1 + sum_{pos} e^-s), and its gradient, Eq. 8
@@ -246,38 +275,31 @@ def test_mix_hidden_eq5():
 
 # The hierarchy (Sec. 3); the prompt template, verbalizer (Eq. 1), model and batches (Sec. 3.2)
 
-def test_hierarchy_from_taxonomy_and_parent_map(tmp_path):
-    path = write_lines(tmp_path / 'toy.taxonomy', ['Root\tCS\tMedical', 'CS\tML\tDB', '',
-                                                   'Medical\tCancer', 'ML\tDeep_Learning'])
-    parents, lines = data.read_taxonomy(path)
-    h = lhmix.Hierarchy(parents, {'ML': 'machine learning'}, lines)
+def test_hierarchy_from_a_parent_map():
+    parents = {'CS': 'Root', 'Medical': 'Root', 'ML': 'CS', 'DB': 'CS', 'Cancer': 'Medical',
+               'Deep_Learning': 'ML'}
+    h = lhmix.Hierarchy(parents, {'ML': 'machine learning'})
     assert h.labels == ['CS', 'Medical', 'ML', 'DB', 'Cancer', 'Deep_Learning']
     assert h.depth == [1, 1, 2, 2, 2, 3] and h.num_depths == 3
     assert h.by_depth == [[0, 1], [2, 3, 4], [5]] and h.path(5) == [0, 2, 5]
     assert h.names == ['CS', 'Medical', 'machine learning', 'DB', 'Cancer', 'Deep Learning']
     assert h.closure([5]) == [0, 2, 5] and h.closure([5, 4]) == [0, 1, 2, 4, 5]
-    assert h.closure([]) == []
+    assert h.closure([]) == [] and h.closure(iter([3, 3])) == [0, 3]
     h = lhmix.Hierarchy({'a': None, 'b': 'Root', 'a/c_d': 'a', 'a/c_d/e': 'a/c_d'})
     assert h.parent == [-1, -1, 0, 2] and h.depth == [1, 1, 2, 3]
     assert h.names == ['a', 'b', 'c d', 'e'] and len(h) == 4 and h.index['a/c_d'] == 2
-    assert re.search("'zz'.*'a'", error(lambda: lhmix.Hierarchy({'a': 'zz'})))
 
 
-@pytest.mark.parametrize('lines, line_no, label, what', [
-    (['Root\tA\tB', 'A\tx', 'B\tx'], 3, 'x', 'two parents'),
-    (['Root\tA', 'B\tC', 'C\tB'], 2, 'C', 'cycle'),
-    (['Root\tA', 'Z\tq'], 2, 'Z', 'refers to nothing')])
-def test_bad_taxonomy_names_label_and_line(tmp_path, lines, line_no, label, what):
-    path = write_lines(tmp_path / 'bad.taxonomy', lines)
-    with pytest.raises(ValueError, match=re.escape(f'{path}:{line_no}:')) as e:
-        parents, lines = data.read_taxonomy(path)
-        lhmix.Hierarchy(parents, None, lines)
-    assert repr(label) in str(e.value) and what in str(e.value)
-
-
-PARENTS = {'Sci': None, 'Art': None, 'Sci/quantum_physics': 'Sci', 'Sci/biology': 'Sci',
-           'Art/jazz_music': 'Art', 'Sci/quantum_physics/optics': 'Sci/quantum_physics'}
-DEPTHS = [1, 1, 2, 2, 2, 3]
+def test_a_broken_tree_or_label_id_names_the_label_and_where_it_was_read():
+    assert error(lambda: lhmix.Hierarchy({'a': 'zz'})) == \
+        "label 'a': parent 'zz' of 'a' refers to nothing"
+    lines = {'A': 'f.taxonomy:1', 'B': 'f.taxonomy:2', 'C': 'f.taxonomy:3'}
+    assert error(lambda: lhmix.Hierarchy({'A': None, 'B': 'C', 'C': 'B'}, None, lines)) == \
+        "f.taxonomy:2: cycle through label 'B'"
+    h = lhmix.Hierarchy({'A': None, 'B': 'A'})
+    for v in (-1, 2):  # -1 would add nothing, 2 would fail on a list index
+        assert error(lambda: h.closure([1, v])) == (
+            f"label id {v}: give ids 0 to 1, the tree's labels")
 
 
 @pytest.fixture(scope='module')
@@ -362,12 +384,7 @@ def test_a_text_cut_to_max_length_keeps_its_first_word_pieces(tiny):
     assert b['input_ids'][:, 8:12].tolist() == [k + [tok.sep_token_id] for k in kept]
 
 
-def bce(scores, y):  # -y log sigmoid(s) - (1 - y) log(1 - sigmoid(s)), mean over labels
-    s = np.asarray(scores, np.float64)
-    return (np.logaddexp(0, -s) * y + np.logaddexp(0, s) * (1 - y)).mean(-1)
-
-
-def test_forward_and_predict_follow_eqs_1_5_6_7_bert_arch_linear_on_cls_with_bce():
+def test_forward_and_predict_follow_eqs_1_5_6_7():
     model, tok = tiny_model(lhmix.Hierarchy(PARENTS))
     model.eval()  # no dropout: the hand computation below sees the same hidden states
     toks, _ = lhmix.tokenize(tok, TEXTS, 50)
@@ -397,40 +414,8 @@ def test_forward_and_predict_follow_eqs_1_5_6_7_bert_arch_linear_on_cls_with_bce
         np.testing.assert_allclose(got.numpy(), expected, atol=1e-5)
         # score_documents: the same scores in input order, whatever the length order
         scored = lhmix.score_documents(model, [toks[2], toks[0], toks[1]], batch_size=2)
-        np.testing.assert_allclose(scored, got[[2, 0, 1]], atol=1e-5)
-    # the BERT arch (HGCLR's): dropout, a linear layer on [CLS], BCE over all labels
-    model, tok = tiny_model(lhmix.Hierarchy(PARENTS), 'bert')
-    p = model.mlm.config.hidden_dropout_prob
-    assert model.prefix == [tok.cls_token_id] and model.dropout.p == p > 0
-    h, W, bias = torch.randn(4, 1, 128), model.classifier.weight, model.classifier.bias
-    torch.manual_seed(1)
-    got = model.train().score(h)
-    torch.manual_seed(1)  # the same mask: 0 or 1 / (1 - p)
-    torch.testing.assert_close(got, F.dropout(h, p) @ W.t() + bias)
-    torch.testing.assert_close(model.eval().score(h), h @ W.t() + bias)  # none when evaluating
-    b = lhmix.make_batch(model, toks, [[0, 2, 5], [0, 3], [1, 4]])
-    with torch.no_grad():
-        cls = model.encode(b['input_ids'], b['attention_mask'])[:, 0]
-        s, t = (cls @ W.t() + bias).double(), b['targets'].double()
-        mixed = ((lam[:, None] * cls + (1 - lam[:, None]) * cls[perm]) @ W.t() + bias).double()
-        loss, _ = model(**b)
-        assert loss.item() == pytest.approx(F.binary_cross_entropy_with_logits(s, t).item())
-        assert model(**b)[0].item() == pytest.approx(bce(s, t.numpy()).mean())
-        eq7 = (l[:, 0] * bce(mixed, t.numpy()) + (1 - l[:, 0]) * bce(mixed, t[perm].numpy())).mean()
-        assert model(**b, partner=perm, lam=lam)[0].item() == pytest.approx(eq7, rel=1e-6)
-        assert np.array_equal(model.label_scores(**{k: b[k] for k in feed}) > 0, s > 0)
-
-
-def test_bert_head_starts_as_hgclr_initialises_it():
-    """normal(0, initializer_range = 0.02), zero bias (HGCLR's init_weights), not PyTorch's
-    uniform default (sd 1 / sqrt(3 * 128) = 0.051 at hidden 128): 5 sampling sds of the sd."""
-    torch.manual_seed(0)
-    model, _ = tiny_model(lhmix.Hierarchy(PARENTS), 'bert')
-    w, n = model.classifier.weight.detach().double(), model.classifier.weight.numel()
-    assert model.mlm.config.initializer_range == 0.02 and n == 6 * 128
-    assert abs(w.std().item() - 0.02) < 5 * 0.02 / math.sqrt(2 * n)
-    assert abs(w.mean().item()) < 5 * 0.02 / math.sqrt(n)
-    assert torch.equal(model.classifier.bias, torch.zeros(6))
+        assert type(scored) is np.ndarray and scored.dtype == np.float32
+        np.testing.assert_allclose(scored, expected[[2, 0, 1]], atol=1e-5)
 
 
 def test_the_api_is_listed_in_the_docstring_and_each_name_has_one():
@@ -438,21 +423,6 @@ def test_the_api_is_listed_in_the_docstring_and_each_name_has_one():
     for name in lhmix.__all__:
         assert re.search(rf'\b{name}\b', lhmix.__doc__), name
         assert getattr(lhmix, name).__doc__, name
-
-
-def test_misuse_ends_in_one_line_naming_the_fix():
-    """Mixing by local hierarchies before the model has them, mixing without a ratio, and MLM
-    masking without a random generator: each a one-line error that names what to give."""
-    model, _ = tiny_model(lhmix.Hierarchy(PARENTS))
-    docs = [np.array([5, 6, 7]), np.array([8])]
-    b = lhmix.make_batch(model, docs, [[0], [1]])
-    assert 'call lhmix.use_local_hierarchies(model, table, alpha, beta) first' in error(
-        lambda: model(**b, partner=torch.tensor([1, 0]), hierarchy_ids=torch.tensor([0, 1])))
-    assert error(lambda: model(**b, partner=torch.tensor([1, 0]))) == (
-        'a batch with `partner` mixes by a ratio: give `lam` (vanilla Mixup) or `hierarchy_ids` '
-        '(LH-Mix)')
-    assert 'rng=numpy.random.default_rng(seed)' in error(
-        lambda: lhmix.make_batch(model, docs, [[0], [1]], mlm_rate=0.15))
 
 
 def test_scoring_leaves_the_model_in_its_mode_so_the_next_step_uses_dropout():
@@ -514,11 +484,10 @@ def test_mlm_masking_selects_15_percent_of_text_then_80_10_10():
     """Over about 15,000 masked positions (a 1,000-word vocabulary: a random replacement is the
     original word with probability ~1/995, counted exactly below): 15% of the text chosen, of
     them 80% [MASK], 10% another word-piece of the batch's texts, 10% kept; 5 binomial sds."""
-    from transformers import BertConfig, BertForMaskedLM
     torch.manual_seed(0)
     mlm = BertForMaskedLM(BertConfig(vocab_size=1000, hidden_size=32, num_hidden_layers=1,
                                      num_attention_heads=2, intermediate_size=64))
-    model = lhmix.LHMix(mlm, lhmix.Hierarchy(PARENTS), 'prompt', 1000,
+    model = lhmix.LHMix(mlm, lhmix.Hierarchy(PARENTS), 1000,
                         {'pad': 0, 'cls': 2, 'sep': 3, 'mask': 4})
     rng = np.random.default_rng(0)
     texts = [rng.integers(5, 1000, 200) for _ in range(500)]
@@ -669,3 +638,149 @@ def test_train_batches_each_document_once_per_epoch(n, batch):
         bucketed, shuffled = (sum(lengths[i].max() * len(i) - lengths[i].sum() for i, _ in
                                   lhmix.train_batches(lengths, batch, rng, mix)) for mix in (0, 1))
         assert bucketed < 0.2 * shuffled
+
+
+# Table 3's flat BERT (HGCLR's baseline), not LH-Mix: a linear layer on [CLS], BCE
+
+def bce(scores, y):  # -y log sigmoid(s) - (1 - y) log(1 - sigmoid(s)), mean over labels
+    s = np.asarray(scores, np.float64)
+    return (np.logaddexp(0, -s) * y + np.logaddexp(0, s) * (1 - y)).mean(-1)
+
+
+def test_flat_bert_scores_by_a_linear_layer_on_dropout_of_cls_and_trains_by_bce():
+    """By hand in float64: every label's score is W dropout(h_[CLS]) + b, the mask 0 or
+    1 / (1 - p) (redrawn from the same seed); the loss is BCE's mean over the labels, and with
+    Mixup Eq. 7 of BCE on the mixed [CLS] states; a label is predicted where its score is > 0."""
+    assert lhmix.ARCHS == {'prompt': lhmix.LHMix, 'bert': lhmix.FlatBERT}
+    torch.manual_seed(0)
+    model, tok = tiny_model(lhmix.Hierarchy(PARENTS), 'bert')
+    assert type(model) is lhmix.FlatBERT and model.arch == 'bert'
+    assert model.prefix == [tok.cls_token_id] and not hasattr(model, 'label_bias')
+    p = model.mlm.config.hidden_dropout_prob
+    W, bias = (x.detach().double().numpy() for x in (model.classifier.weight,
+                                                     model.classifier.bias))
+    h = torch.randn(4, 1, 128)
+    torch.manual_seed(1)
+    got = model.train().score(h)
+    torch.manual_seed(1)  # the mask that dropout draws for a tensor of h's shape
+    kept = (F.dropout(torch.ones_like(h), p) != 0).numpy()
+    assert p > 0 and 0 < kept.mean() < 1
+    np.testing.assert_allclose(got.detach(), (h.numpy() * kept / (1 - p)) @ W.T + bias,
+                               atol=1e-5)
+    np.testing.assert_allclose(model.eval().score(h).detach(), h.numpy() @ W.T + bias, atol=1e-5)
+    toks, _ = lhmix.tokenize(tok, TEXTS, 50)
+    b = lhmix.make_batch(model, toks, [[0, 2, 5], [0, 3], [1, 4]])
+    perm, lam = torch.tensor([2, 0, 0]), torch.tensor([0.9, 0.6, 0.5])
+    l, t = lam.double().numpy(), b['targets'].double().numpy()
+    with torch.no_grad():
+        cls = model.mlm.base_model(b['input_ids'], b['attention_mask']).last_hidden_state[:, 0]
+        cls = cls.double().numpy()
+        s = cls @ W.T + bias
+        mixed = (l[:, None] * cls + (1 - l[:, None]) * cls[perm]) @ W.T + bias  # Eq. 5
+        assert model(**b)[0].item() == pytest.approx(bce(s, t).mean(), rel=1e-6)
+        eq7 = (l * bce(mixed, t) + (1 - l) * bce(mixed, t[perm])).mean()
+        assert model(**b, partner=perm, lam=lam)[0].item() == pytest.approx(eq7, rel=1e-6)
+        scores = lhmix.score_documents(model, toks)
+    np.testing.assert_allclose(scores, s, atol=1e-5)
+    assert np.array_equal(scores > 0, s > 0) and (s > 0).any() and not (s > 0).all()
+
+
+def test_flat_bert_head_starts_as_hgclr_initialises_it():
+    """normal(0, initializer_range = 0.02), zero bias (HGCLR's init_weights), not PyTorch's
+    uniform default (sd 1 / sqrt(3 * 128) = 0.051 at hidden 128): 5 sampling sds of the sd."""
+    torch.manual_seed(0)
+    model, _ = tiny_model(lhmix.Hierarchy(PARENTS), 'bert')
+    w, n = model.classifier.weight.detach().double(), model.classifier.weight.numel()
+    assert model.mlm.config.initializer_range == 0.02 and n == 6 * 128
+    assert abs(w.std().item() - 0.02) < 5 * 0.02 / math.sqrt(2 * n)
+    assert abs(w.mean().item()) < 5 * 0.02 / math.sqrt(n)
+    assert torch.equal(model.classifier.bias, torch.zeros(6))
+
+
+# Misuse: one line naming the fix, before anything is computed
+
+def test_misuse_ends_in_one_line_naming_the_fix(monkeypatch):
+    """Mixing by local hierarchies before the model has them, by no ratio or by two, a ratio
+    without a partner, a ratio that is not a tensor or not in [0, 1], label lists that are not
+    one per text, a label id outside the tree, MLM masking without a random generator: each
+    refused before the encoder runs, in one line that names what to give."""
+    model, tok = tiny_model(lhmix.Hierarchy(PARENTS))
+    docs = [np.array([5, 6, 7]), np.array([8])]
+    b, pair, ids = lhmix.make_batch(model, docs, [[0], [1]]), torch.tensor([1, 0]), torch.arange(2)
+    assert 'call lhmix.use_local_hierarchies(model, table, alpha, beta) first' in error(
+        lambda: model(**b, partner=pair, hierarchy_ids=ids))
+    lhmix.use_local_hierarchies(model, torch.randn(2, 8), 1.0, 0.75)
+    for lam in ([0.0, 1.0], [1.0, 0.5]):  # the ends of [0, 1] are ratios
+        assert torch.equal(model(**b, partner=pair, lam=torch.tensor(lam))[1], torch.tensor(lam))
+    monkeypatch.setattr(model, 'encode', lambda *a, **k: pytest.fail('the encoder ran'))
+    one = ('Mixup takes `partner` and one ratio: give it either `lam` (vanilla Mixup) or '
+           '`hierarchy_ids` (LH-Mix)')
+    for mixing in ({'partner': pair}, {'partner': pair, 'lam': torch.ones(2), 'hierarchy_ids': ids},
+                   {'lam': torch.ones(2)}, {'hierarchy_ids': ids}):
+        assert error(lambda: model(**b, **mixing)) == one
+    assert error(lambda: model(**b, partner=pair, lam=0.7), TypeError) == (
+        'lam 0.7: give a tensor, one ratio per document')
+    for lam in ([0.5, 1.5], [-0.25, 0.5], [0.5, math.nan]):
+        assert error(lambda: model(**b, partner=pair, lam=torch.tensor(lam))) == (
+            f'lam {lam}: give ratios in [0, 1]')
+    for labels in ([[0]], [[0], [1], [2]]):
+        assert error(lambda: lhmix.make_batch(model, docs, labels)) == (
+            f'2 texts, {len(labels)} label lists: give one per text')
+    for v in (-1, 6):
+        outside = f"label id {v}: give ids 0 to 5, the tree's labels"
+        assert error(lambda: lhmix.make_batch(model, docs, [[0], [2, v]])) == outside
+        assert error(lambda: lhmix.local_hierarchy_table(model, tok, [[0], [v]])) == outside
+    assert 'rng=numpy.random.default_rng(seed)' in error(
+        lambda: lhmix.make_batch(model, docs, [[0], [1]], mlm_rate=0.15))
+
+
+def test_labels_whose_names_have_no_word_piece_are_named_in_one_warning():
+    """'___' (underscores read as spaces), 'ML/' (an empty last part) and '&' (unknown to the
+    vocabulary: [UNK] alone) have no word-piece: one warning names them, and they start as [UNK];
+    'rock & roll' has two, and a tree whose names all have some warns not."""
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        tiny_model(lhmix.Hierarchy(PARENTS))
+    for parents, named in (({'Sci': None, 'ML/': None, 'Sci/___': 'Sci', 'Sci/rock_&_roll': 'Sci'},
+                            ['ML/', 'Sci/___']), ({'Sci': None, 'Sci/&': 'Sci'}, ['Sci/&'])):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter('always')
+            model, tok = tiny_model(lhmix.Hierarchy(parents))
+        ours = [str(w.message) for w in caught if w.filename == lhmix.__file__]
+        assert ours == [f'labels {named}: their names have no word-piece but [UNK], so they '
+                        'start as [UNK] and are [UNK] alike in local hierarchies: name them '
+                        '(Hierarchy(parents, names))']
+        emb = model.mlm.get_input_embeddings().weight
+        for v, label in enumerate(parents):  # the label tokens follow the base vocabulary
+            unk = torch.equal(emb[len(tok) + v], emb[tok.unk_token_id])
+            assert unk == (label in named), label
+
+
+# Importing lhmix changes nothing outside it; adapting a model registers its attention, once
+
+IMPORT = """
+import transformers, torch
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+names = lambda: (set(transformers.AttentionInterface()), set(AttentionMaskInterface()))
+before = names()
+import lhmix
+assert names() == before and 'lhmix' not in before[0] | before[1], names()
+for _ in range(2):  # a second model registers nothing more
+    mlm = transformers.BertForMaskedLM(transformers.BertConfig(
+        vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=8))
+    lhmix.LHMix(mlm, lhmix.Hierarchy({'a': None}), 10, {'cls': 2, 'sep': 3, 'pad': 0, 'mask': 4})
+    assert names() == (before[0] | {'lhmix'}, before[1] | {'lhmix'}), names()
+    assert mlm.config._attn_implementation == 'lhmix'
+assert transformers.AttentionInterface()['lhmix'] is lhmix.document_attention
+assert AttentionMaskInterface()['lhmix'] is ALL_MASK_ATTENTION_FUNCTIONS['sdpa']
+"""
+
+
+@pytest.mark.skipif(not lhmix.TRANSFORMERS_5, reason='lhmix registers its attention only on '
+                    'transformers 5')
+def test_import_registers_nothing_and_a_model_registers_its_attention_once():
+    here = os.path.dirname(os.path.abspath(lhmix.__file__))
+    p = subprocess.run([sys.executable, '-c', IMPORT], cwd=here, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
