@@ -15,9 +15,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-# OpenMP's idle threads sleep instead of spinning, so that runs sharing a CPU do not slow each
-# other down many times over. It must be set before torch loads OpenMP; a user's setting wins.
-os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
+if __name__ == '__main__' and not {'OMP_WAIT_POLICY', 'GOMP_SPINCOUNT'} & set(os.environ):
+    # OpenMP's idle threads spin briefly, then sleep: a lone run keeps spinning speed, and runs
+    # sharing a CPU do not slow each other down many times over. torch's OpenMP (GNU's, on Linux)
+    # reads this once, when torch loads; a user's own setting of either variable wins.
+    os.environ['GOMP_SPINCOUNT'] = '1000'
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
