@@ -407,7 +407,6 @@ ARCHS = {m.arch: m for m in (LHMix, FlatBERT)}  # build_model's `arch`; runs.py'
 TRANSFORMERS_5 = int(transformers.__version__.split('.')[0]) >= 5
 if TRANSFORMERS_5:  # Its attention interface lets a packed row attend per document, below.
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
 
 def adapt_encoder(mlm, vocab_size):
@@ -419,6 +418,8 @@ def adapt_encoder(mlm, vocab_size):
     if mlm.get_input_embeddings().num_embeddings != vocab_size:
         mlm.resize_token_embeddings(vocab_size, mean_resizing=False)
     if TRANSFORMERS_5:  # Registered here, so that importing this module changes nothing.
+        # Imported here too: importing masking_utils sets an environment variable (torch's).
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
         transformers.AttentionInterface.register('lhmix', document_attention)
         AttentionMaskInterface.register('lhmix', ALL_MASK_ATTENTION_FUNCTIONS['sdpa'])
         mlm.set_attn_implementation('lhmix')

@@ -15,7 +15,6 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 from tqdm import tqdm
-from transformers import BertConfig, BertForMaskedLM
 
 import evaluate
 import lhmix
@@ -30,6 +29,8 @@ FLOOR = ('input_ids', 'attention_mask')
 def make_model(size, table):
     """An LHMix of a BERT of `size` with random weights, on the device of `table` (the local
     hierarchies' [CLS] states), LH-Mix at train.py's defaults."""
+    # Imported here: importing transformers' BERT sets an environment variable (torch's).
+    from transformers import BertConfig, BertForMaskedLM
     torch.manual_seed(0)
     h, layers, heads, vocab, _, _ = SIZES[size]
     mlm = BertForMaskedLM(BertConfig(vocab_size=vocab, hidden_size=h, num_hidden_layers=layers,
