@@ -196,8 +196,8 @@ class LHMix(nn.Module):
 
     def score(self, slot_hidden):
         """Eq. 1's scores p^d (B, slots, V); only the `valid` labels of each slot mean anything."""
-        verbalizer = self.label_embeddings().t()  # Eq. 1
-        return self.transform(slot_hidden) @ verbalizer + self.label_bias  # Eq. 1
+        verbalizer = self.label_embeddings().t()  # Eqs. 1 and 6
+        return self.transform(slot_hidden) @ verbalizer + self.label_bias  # Eqs. 1 and 6
 
     def loss(self, scores, targets):
         """The loss of each document and slot (B, slots): Eq. 2 over each depth's labels."""

@@ -1,10 +1,12 @@
 """Tests of PAPER.md and of tools/paper.py, which writes it: the page is the script's output for
 today's files; every code line on it is the line it links to; every tag of lhmix.py is on it,
-under its equation, and each equation shows the lines that compute its terms; the sequences it
-shows are what lhmix.py builds for a small tree, built here; every link of the page and of the
-README lands; its equations, sections, sequences and quotations are the paper's, where the paper's
-LaTeX is at hand. The page is read here as a reader reads it, by its headings, links and fenced
-blocks. Each failure says what is wrong and what to run."""
+under its equation, and each part shows the lines that compute its terms; where the flat BERT
+computes otherwise, it names FlatBERT's method; what it says of the plain ZMLCE paths, of Eq. 6
+and of the paper's two steps is true; the sequences it shows are what lhmix.py builds for a small
+tree, built here; every link of the page and of the README lands; its equations, sections,
+sequences and quotations are the paper's, where the paper's LaTeX is at hand. The page is read
+here as a reader reads it, by its headings, links and fenced blocks. Each failure says what is
+wrong and what to run."""
 import ast
 import glob
 import os
@@ -105,48 +107,164 @@ def test_every_tag_of_lhmix_is_on_the_page_under_its_equation():
                  f'Eq. {n}: {REGENERATE}')
 
 
-# What each equation's code must show: each term, by a piece of the line that computes it
+# What each part of the page must show: each term, by the definition whose shown lines compute it
+# ('file' for a whole top-level definition, 'file name' for lines inside `name`) and a piece of
+# the line; so a term dropped from the tags or from ITEMS, or moved elsewhere, fails here.
 TERMS = {
-    1: [("f^d's classifier, the MLM head's transform", 'self.transform = mlm.cls.predictions'),
-        ('the verbalizer', 'self.transform(slot_hidden) @ verbalizer'),
-        ("the restriction to depth d's labels", 'valid = torch.arange(1, D + 1)'),
-        ('prediction at each depth', 'masked_fill(~self.valid')],
-    2: [('the first log-sum-exp, in torch', 'negatives = torch.logsumexp('),
-        ('the second log-sum-exp, in torch', 'positives = torch.logsumexp('),
-        ('the first log-sum-exp, in the kernel', 'lse_neg = m_neg + tl.log('),
-        ('the second log-sum-exp, in the kernel', 'lse_pos = m_pos + tl.log('),
-        ('the loss over V^d', 'zmlce(scores, targets, self.valid)')],
-    3: [('the [CLS] states', 'model.encode(ids, mask)[:, 0]'),
-        ('the cosine', 'F.cosine_similarity(h_i.float(), h_j.float()')],
-    8: [('the gradient of a positive and a negative label', 'tl.where(pos, -grad, grad)'),
-        ("the upstream weight, Eq. 7's lambda", 'grad * g.unsqueeze(-1)')],
+    'The hierarchical prompt': [
+        ('the prompt', 'lhmix.py', 'def template('),
+        ("the model's prompt", 'lhmix.py LHMix.head', 'prefix = template('),
+        ('the text and [SEP] after it', 'lhmix.py make_batch',
+         'seqs = [np.concatenate([model.prefix, t, ')],
+    'Eq. 1': [
+        ("f^d's classifier, the MLM head's transform", 'lhmix.py LHMix.__init__',
+         'self.transform = mlm.cls.predictions'),
+        ('V^d', 'lhmix.py LHMix.head', 'valid = torch.arange(1, D + 1)'),
+        ('the slot states h^d', 'lhmix.py LHMix.slots',
+         'hidden.flatten(0, 1)[starts[:, None] + self.slot_offsets]'),
+        ('the slot states of a training step', 'lhmix.py training_loss',
+         'model.slots(hidden, starts)'),
+        ('the verbalizer', 'lhmix.py LHMix.score', 'self.transform(slot_hidden) @ verbalizer'),
+        ('prediction at each depth', 'lhmix.py LHMix.label_scores', 'masked_fill(~self.valid')],
+    'Eq. 2': [
+        ('the loss over V^d', 'lhmix.py LHMix.loss', 'zmlce(scores, targets, self.valid)'),
+        ('V_pos and V_neg', 'lhmix.py plain_zmlce', 'pos = targets.bool()'),
+        ('the first log-sum-exp, in torch', 'lhmix.py plain_zmlce', 'negatives = torch.logsumexp('),
+        ('the second log-sum-exp, in torch', 'lhmix.py plain_zmlce',
+         'positives = torch.logsumexp('),
+        ('the unmixed loss of a step', 'lhmix.py training_loss',
+         'loss = model.loss(model.score(h), t)'),
+        ('the sum over the depths', 'lhmix.py training_loss', 'loss = loss.sum(-1).mean()'),
+        ('the first log-sum-exp, in the kernel', 'lhmix.py _zmlce_kernel',
+         'lse_neg = m_neg + tl.log('),
+        ('the second log-sum-exp, in the kernel', 'lhmix.py _zmlce_kernel',
+         'lse_pos = m_pos + tl.log(')],
+    'The local-hierarchy sequence': [
+        ('the sequence', 'lhmix.py', 'def local_hierarchy_ids('),
+        ('each label set closed upward', 'lhmix.py local_hierarchy_table',
+         'keys = [tuple(model.hierarchy.closure('),
+        ('the sequences built', 'lhmix.py local_hierarchy_table', 'seqs = [local_hierarchy_ids(')],
+    'Eq. 3': [
+        ('the [CLS] states', 'lhmix.py local_hierarchy_table', 'model.encode(ids, mask)[:, 0]'),
+        ('the cosine', 'lhmix.py hierarchy_similarity',
+         'F.cosine_similarity(h_i.float(), h_j.float()'),
+        ('s kept in [0, 1]', 'lhmix.py hierarchy_similarity', 's.clamp(0.0, 1.0)'),
+        ("the partner j's state", 'lhmix.py pair_ratios',
+         'hierarchy_similarity(hier, hier[partner])')],
+    'Eq. 4': [
+        ('lambda', 'lhmix.py mixup_ratio', '-(beta - 0.5) * s ** alpha + beta'),
+        ("each pair's lambda", 'lhmix.py pair_ratios', 'mixup_ratio(hierarchy_similarity('),
+        ('the ratios of a step', 'lhmix.py training_loss', 'lam = pair_ratios(')],
+    'Eq. 5': [
+        ('the slot states h^d', 'lhmix.py LHMix.slots',
+         'hidden.flatten(0, 1)[starts[:, None] + self.slot_offsets]'),
+        ('the slot states of a training step', 'lhmix.py training_loss',
+         'model.slots(hidden, starts)'),
+        ('the mixing', 'lhmix.py mix_hidden', 'torch.lerp(h_j.float(), h_i.float(), lam)'),
+        ("h_i and the partner's h_j", 'lhmix.py training_loss', 'mix_hidden(h, h[partner], lam)')],
+    'Eq. 6': [('the mixed states scored', 'lhmix.py training_loss', 'p = model.score(h)'),
+              ('the verbalizer', 'lhmix.py LHMix.score', 'self.transform(slot_hidden) @ verbalizer')],
+    'Eq. 7': [
+        ("each pair's lambda", 'lhmix.py training_loss', 'w = lam.float()[:, None]'),
+        ('the two losses mixed', 'lhmix.py training_loss',
+         'loss = w * model.loss(p, t) + (1 - w) * model.loss(p, t[partner])'),
+        ('the sum over the depths', 'lhmix.py training_loss', 'loss = loss.sum(-1).mean()')],
+    'Eq. 8': [
+        ('the gradient of a positive and a negative label', 'lhmix.py _zmlce_kernel',
+         'tl.where(pos, -grad, grad)'),
+        ("the upstream weight, Eq. 7's lambda", 'lhmix.py FusedZMLCE.backward',
+         'grad * g.unsqueeze(-1)')],
+    'Warm-up': [
+        ('the flag', 'train.py parse', "add_flag(p, '--warmup-epochs'"),
+        ('the epochs that mix', 'train.py train_epoch',
+         "mixing = args.mix != 'none' and epoch >= args.warmup_epochs")],
+    'Early stopping': [
+        ('the flag', 'train.py parse', "add_flag(p, '--early-stop'"),
+        ('the epochs since the best', 'train.py', 'def since_best('),
+        ('the stop', 'train.py fit', 'if since_best(run.history) >= args.early_stop')],
 }
+# The README's differences that a sequence's or a step's part must link (ITEMS name them).
+LINKED = {'The hierarchical prompt': 'kept-from-the-code', 'The local-hierarchy sequence':
+          'label-order', 'Warm-up': 'warm-up', 'Early stopping': 'early-stopping'}
 
 
-def test_each_equation_shows_the_lines_that_compute_its_terms():
+def test_each_part_shows_the_lines_that_compute_its_terms():
     page = parts(read(ROOT, 'PAPER.md'))
-    for n, terms in TERMS.items():
-        code = '\n'.join(line for b in blocks(f'Eq. {n}', page[f'Eq. {n}'][1]) for line in b[4])
-        for what, piece in terms:
-            assert piece in code, (f'PAPER.md, Eq. {n}: no line shows {what} ({piece!r}): tag it '
-                                   f'in lhmix.py, then {REGENERATE}')
+    for heading, terms in TERMS.items():
+        found = blocks(heading, page[heading][1])
+        shown = {}  # 'file name': the code lines shown from it
+        for path, _, _, caption, code in found:
+            inside = re.findall(r'in `([\w.]+)`', caption)
+            shown.setdefault(' '.join([path] + inside), []).extend(code)
+        for what, where, piece in terms:
+            assert any(piece in line for line in shown.get(where, [])), \
+                (f'PAPER.md, {heading}: no line of {where} shows {what} ({piece!r}): tag it in '
+                 f'lhmix.py, or name it in ITEMS of tools/paper.py, then {REGENERATE}')
+    for heading, anchor in LINKED.items():
+        assert f'](README.md#{anchor})' in page[heading][1], \
+            f'PAPER.md, {heading}: no link to README.md#{anchor} (ITEMS in tools/paper.py)'
 
 
-def test_an_equation_whose_lines_compute_otherwise_for_the_flat_bert_says_so():
-    """The LHMix methods that branch on arch are found in lhmix.py; an equation that shows a call
-    of one, or a line inside one, has a sentence on --arch bert."""
+def test_where_the_flat_bert_computes_otherwise_the_page_names_its_method():
+    """FlatBERT's methods are found in lhmix.py. A part that shows a call of one, or lines of the
+    LHMix method it overrides, names it in a sentence on --arch bert; and every FlatBERT method
+    the page names is one that FlatBERT defines."""
     source = read(ROOT, 'lhmix.py')
-    cls, = [c for c in ast.parse(source).body if isinstance(c, ast.ClassDef) and c.name == 'LHMix']
-    branching = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)
-                 and 'self.arch' in ast.get_source_segment(source, f)} - {'__init__'}
-    assert {'score', 'loss'} <= branching
-    for heading, (_, part) in parts(read(ROOT, 'PAPER.md')).items():
-        found = [b for b in blocks(heading, part) if b[0] == 'lhmix.py']
-        if any(re.search(rf'\.({"|".join(branching)})\(', '\n'.join(b[4]))
-               or re.search(rf'`LHMix\.({"|".join(branching)})`', b[3]) for b in found):
-            assert re.search(r'^Under `--arch bert`, [^\n]+\.$', part, re.M), \
-                (f'PAPER.md, {heading}: its code branches on --arch bert, and the page does '
-                 f'not say how: add the sentence to ABOUT in tools/paper.py, then {REGENERATE}')
+    cls, = [c for c in ast.parse(source).body
+            if isinstance(c, ast.ClassDef) and c.name == 'FlatBERT']
+    overrides = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)}
+    assert {'head', 'score', 'loss'} <= overrides
+    text = read(ROOT, 'PAPER.md')
+    named = set(re.findall(r'`FlatBERT\.(\w+)`', text))
+    assert named <= overrides, f'PAPER.md names FlatBERT.{sorted(named - overrides)}: none such'
+    for heading, (_, part) in parts(text).items():
+        code = [b for b in blocks(heading, part) if b[0] == 'lhmix.py']
+        shown = {m for m in overrides for b in code
+                 if re.search(rf'\.{m}\(', '\n'.join(b[4])) or f'`LHMix.{m}`' in b[3]}
+        said = ' '.join(re.findall(r'^Under `--arch bert`, [^\n]+\.$', part, re.M))
+        for m in sorted(shown):
+            assert f'`FlatBERT.{m}`' in said, \
+                (f'PAPER.md, {heading}: its code runs FlatBERT.{m} under --arch bert, and the page '
+                 f'does not say so: add it to ABOUT or ITEMS in tools/paper.py, then {REGENERATE}')
+
+
+def test_eq_8_names_every_path_where_autograd_differentiates_plain_zmlce():
+    """The conditions under which zmlce runs the fused kernel are read from lhmix.py; where any
+    fails, plain_zmlce runs, and Eq. 8's text names each such path."""
+    fn, = [f for f in ast.parse(read(ROOT, 'lhmix.py')).body
+           if isinstance(f, ast.FunctionDef) and f.name == 'zmlce']
+    branch, = [n for n in ast.walk(fn) if isinstance(n, ast.If)]
+    paths = {'scores.is_cuda': 'on the CPU', 'triton is not None': 'without Triton',
+             'scores.dtype != torch.float64': 'in float64'}
+    assert {ast.unparse(v) for v in branch.test.values} == set(paths), \
+        "zmlce's conditions changed: name the new path in Eq. 8's ABOUT, and here"
+    sentence, = re.findall(r'^.*`plain_zmlce`.*$', parts(read(ROOT, 'PAPER.md'))['Eq. 8'][1], re.M)
+    for words in paths.values():
+        assert words in sentence, f'PAPER.md, Eq. 8: its plain paths do not name {words!r}'
+
+
+def test_eq_6_is_shown_on_the_mixing_path_only():
+    """Eq. 6 scores mixed states: its line in training_loss is in the branch that mixes."""
+    fn, = [f for f in ast.parse(read(ROOT, 'lhmix.py')).body
+           if isinstance(f, ast.FunctionDef) and f.name == 'training_loss']
+    branch, = [n for n in ast.walk(fn) if isinstance(n, ast.If)
+               and ast.unparse(n.test) == 'partner is None']
+    mixing = range(branch.orelse[0].lineno, branch.orelse[-1].end_lineno + 1)
+    shown = [b for b in blocks('Eq. 6', parts(read(ROOT, 'PAPER.md'))['Eq. 6'][1])
+             if '`training_loss`' in b[3]]
+    assert shown and all(a in mixing and b in mixing for _, a, b, _, _ in shown), \
+        f'PAPER.md, Eq. 6: a line of training_loss outside the Mixup branch (lines {mixing})'
+
+
+def test_the_page_names_the_papers_two_steps_as_the_paper_does():
+    """The paper's two steps are warm-up, then Mixup; early stopping is not one of them."""
+    text = read(ROOT, 'PAPER.md')
+    opening = text.split('\n## ', 1)[0]
+    assert '"two-step training strategy" (warm-up without Mixup, then Mixup)' in opening
+    assert 'two training steps' not in text
+    assert '"To accelerate the convergence of the model, we adopt a two-step training strategy. ' \
+        'Initially, we train the model for 5 epochs without utilizing Mixup' in \
+        parts(text)['Warm-up'][1]
 
 
 def tokens_of(model, tokenizer, ids):
@@ -337,10 +455,11 @@ def test_tags_blocks_and_differences_of_a_small_source():
     for heading, (_, part) in page.items():
         for _, first, last_line, _, code in blocks(heading, part):
             assert code == lines[first - 1:last_line]
-    assert {n: re.findall(r'\[(\w+)\]\(README\.md#(\w+)\)', page[f'Eq. {n}'][1])
-            for n in range(1, 9)} == {1: [], 2: [('Alpha', 'alpha')], 3: [], 4: [],
-                                      5: [('Gamma', 'gamma')], 6: [('Gamma', 'gamma')], 7: [],
-                                      8: []}
+    linked = {2: '[Alpha](README.md#alpha)', 5: '[Gamma](README.md#gamma)',
+              6: '[Gamma](README.md#gamma)'}
+    assert {n: re.findall(r'^Compared .*$', page[f'Eq. {n}'][1], re.M) for n in range(1, 9)} \
+        == {n: [f"Compared with the authors' code: {linked[n]}."] if n in linked else []
+            for n in range(1, 9)}
     assert page['Eq. 8'][0] == 'Sec. 4.3 Local Hierarchy Mixup'
     # Two tags of one equation in one block make one block when at most 8 lines apart.
     for fillers, want in ((7, [(2, 10, ('h',))]), (8, [(2, 2, ('h',)), (11, 11, ('h',))])):
@@ -365,6 +484,10 @@ def test_what_the_script_refuses(tmp_path):
             ({'lhmix.py': SOURCE, 'train.py': 'def fit():\n    pass\n'}, README,
              ({**item, 'code': [('train.py', 'fit', 'for epoch')]},),
              "train.py: 0 statements in `fit` start with 'for epoch', not one (ITEMS in "
+             'tools/paper.py name it: change them to match)'),
+            ({'lhmix.py': SOURCE, 'train.py': 'def fit():\n    a = 1\n    a = 2\n'}, README,
+             ({**item, 'code': [('train.py', 'fit', 'a =')]},),
+             "train.py: 2 statements in `fit` start with 'a =', not one (ITEMS in "
              'tools/paper.py name it: change them to match)'),
             ({'lhmix.py': SOURCE, 'train.py': 'def fit():\n    pass\n'}, README,
              ({**item, 'differences': ['warm-up']},),

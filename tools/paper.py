@@ -1,7 +1,7 @@
-"""Writes PAPER.md: the paper's Eqs. 1-8, the two sequences it displays and the two training steps
-it gives in words, in its order, each beside the lines that compute it. Run it again whenever a
-shown line moves or changes, or the README's list of differences changes (tests/test_paper.py
-fails until PAPER.md matches):
+"""Writes PAPER.md: the paper's Eqs. 1-8, the two sequences it displays, and its two-step training
+and early stopping, which it gives in words, in its order, each beside the lines that compute it.
+Run it again whenever a shown line moves or changes, or the README's list of differences changes
+(tests/test_paper.py fails until PAPER.md matches):
 
     python -m tools.paper
 
@@ -96,58 +96,68 @@ EQUATIONS = {
 }
 
 # What each equation does and which shown line computes which term; then, where --arch bert
-# (Table 3's flat BERT) computes something else on those lines, what.
+# (Table 3's flat BERT) computes something else on those lines, which method of FlatBERT does.
 ABOUT = {
-    1: ("The verbalizer. At depth d's slot (`[P]` here, the paper's `[MASK]`), f^d is the MLM "
-        "head's transform (the classifier trained through the MLM task), then a product with the "
-        'label tokens\' embeddings (the verbalizer) plus a label bias. Row d of `valid` keeps to '
+    1: ("The verbalizer. h^d is the hidden state at depth d's slot (`[P]` here, the paper's "
+        "`[MASK]`), which `slots` picks from the encoder's output; f^d is the MLM head's "
+        'transform (the classifier trained through the MLM task), then a product with the label '
+        "tokens' embeddings (the verbalizer) plus a label bias. Row d of `valid` keeps to "
         "slot d the labels of depth d, V^d: the loss reads it (Eq. 2), and so does prediction, "
         "which takes each label's score from its own depth's slot.",
-        "Under `--arch bert`, `LHMix.score` scores every label from [CLS] with HGCLR's linear "
-        'layer instead, and `valid` is one row of all labels.'),
+        "Under `--arch bert`, `FlatBERT.head` makes [CLS] the one slot and `valid` one row of all "
+        "labels, and `FlatBERT.score` scores every label from its state with HGCLR's linear "
+        'layer, after dropout, instead.'),
     2: ("ZMLCE, depth d's loss: it pushes the scores of positive labels above 0 and those of "
-        'negative labels below 0. Each log(1 + sum) is a log-sum-exp with a 0 for its 1 (`zero`; '
-        "in the kernel, `exp(-m)` after the shift by m): `negatives` and `lse_neg` are the first "
-        'term, `positives` and `lse_pos` the second (x is -p for a positive label), over the '
-        '`valid` labels only. The paper does not say how the depths\' losses combine: here they '
-        'are summed (ours), and the documents averaged.',
-        "Under `--arch bert`, `model.loss` is HGCLR's binary cross-entropy, averaged over the "
-        "labels (`LHMix.loss`'s other branch), not Eq. 2."),
+        'negative labels below 0. `pos` marks V_pos, and the rest of the `valid` labels are V_neg. '
+        'Each log(1 + sum) is a log-sum-exp with a 0 for its 1 (`zero`; in the kernel, `exp(-m)` '
+        'after the shift by m): `negatives` and `lse_neg` are the first term, `positives` and '
+        '`lse_pos` the second (x is -p for a positive label), over the `valid` labels only. The '
+        'paper does not say how the depths\' losses combine: here they are summed (ours), and the '
+        'documents averaged.',
+        "Under `--arch bert`, `model.loss` is `FlatBERT.loss`, HGCLR's binary cross-entropy "
+        "averaged over the labels, of `FlatBERT.score`'s scores, not Eq. 2."),
     3: ("The similarity of two texts' local hierarchies: the [CLS] states of their sequences "
         '(Sec. 4.1\'s, above), encoded once before training, in eval mode, by the encoder as it '
         'starts, so that it "remains unaffected by gradient updates"; their cosine, mapped to '
-        '[0, 1]. `pair_ratios` takes text i\'s row and its Mixup partner j\'s.',
+        '[0, 1], and clamped there (ours), as rounding can put s a little below 0, where Eq. 4\'s '
+        's^alpha is NaN. `pair_ratios` takes text i\'s row and its Mixup partner j\'s '
+        '(`hier[partner]`).',
         None),
     4: ('The Mixup ratio: the more similar two local hierarchies, the nearer lambda is to 0.5 '
         '(the more they mix); beta is its upper bound, alpha shapes the curve.',
         None),
-    5: ("Mixup: at each depth, a text's slot state and its partner's, mixed by the pair's "
-        'lambda.',
-        "Under `--arch bert`, the states mixed are the two texts' [CLS] states, the flat BERT's "
-        'one slot (ours: the paper does not say which states its BERT + Mixup rows mix).'),
-    6: ("Eq. 1's verbalizer scores the mixed slot states.",
-        "Under `--arch bert`, `model.score` is HGCLR's linear layer on the mixed [CLS] state."),
+    5: ("Mixup: at each depth, a text's slot state h^d_i (`slots`, as for Eq. 1) and its "
+        "partner's h^d_j (`h[partner]`), mixed by the pair's lambda.",
+        "Under `--arch bert`, the states mixed are the two texts' [CLS] states, the one slot that "
+        '`FlatBERT.head` makes (ours: the paper does not say which states its BERT + Mixup rows '
+        'mix).'),
+    6: ("Eq. 1's f^d, `model.score` (`LHMix.score`, under Eq. 1 above), scores the mixed slot "
+        'states: in the epochs that mix, after the warm-up.',
+        "Under `--arch bert`, `model.score` is `FlatBERT.score`, HGCLR's linear layer on the "
+        'mixed [CLS] state.'),
     7: ("Loss mixing: the mixed scores' ZMLCE against each text's own labels, weighted by "
-        'lambda and 1 - lambda, each pair by its own lambda.',
-        "Under `--arch bert`, the two losses mixed are HGCLR's binary cross-entropies (ours, as "
-        'for Eq. 5).'),
+        'lambda and 1 - lambda, each pair by its own lambda (`w`).',
+        "Under `--arch bert`, the two losses mixed are `FlatBERT.loss`'s binary cross-entropies "
+        '(ours, as for Eq. 5).'),
     8: ("Eq. 7's gradient, a lambda-weighted sum of the two texts' ZMLCE gradients. On a GPU, "
         "the fused kernel computes each score's derivative of Eq. 2 in its forward pass: "
         'e^(p - lse_neg) for a negative label, its term of the first fraction, and '
         '-e^(-p - lse_pos) for a positive one, its term of the second (lse_neg and lse_pos are '
         "Eq. 2's log-sum-exps, under Eq. 2 above). `FusedZMLCE.backward` scales it by the "
         "upstream gradient g: for Eq. 7's line, lambda / B for the first loss and "
-        '(1 - lambda) / B for the second (the mean over B documents), which autograd adds. On '
-        'the CPU, autograd differentiates `plain_zmlce` instead.',
-        'Under `--arch bert`, autograd differentiates the binary cross-entropy; the kernel does '
-        'not run.'),
+        '(1 - lambda) / B for the second (the mean over B documents), which autograd adds. '
+        'Elsewhere (on the CPU, without Triton, or in float64), `zmlce` runs `plain_zmlce` '
+        '(under Eq. 2 above), which autograd differentiates.',
+        "Under `--arch bert`, autograd differentiates `FlatBERT.loss`'s binary cross-entropy; the "
+        'kernel does not run.'),
 }
 
-# The paper's displayed sequences and its steps given in words, each placed before an equation
+# The paper's displayed sequences and its training given in words, each placed before an equation
 # (or after the last) of its subsection: the page's text (the paper's words in double quotes or in
 # a ```text block, as its LaTeX reads without its markup; what the code builds for the example
 # tree), the code shown (a file, a definition in it, and the start of one statement in that
-# definition, or None for the whole definition) and the README's differences linked.
+# definition, or None for the whole definition), the README's differences linked and, where the
+# flat BERT builds otherwise, what it builds.
 TREE = ('the tree of CS (child Machine Learning) and Math (child Statistics), label ids in that '
         'order, with an uncased vocabulary as bert-base-uncased\'s')
 ITEMS = (
@@ -162,9 +172,11 @@ ITEMS = (
                '| text | what `make_batch` lays out |', '| --- | --- |',
                '| deep nets learn | `[CLS] [D1] [P] [D2] [P] [SEP] deep nets learn [SEP]` |', ''],
          code=[('lhmix.py', 'template', None),
-               ('lhmix.py', 'LHMix.__init__', 'self.prefix = template('),
+               ('lhmix.py', 'LHMix.head', 'prefix = template('),
                ('lhmix.py', 'make_batch', 'seqs = [np.concatenate([model.prefix, t,')],
-         differences=[]),
+         differences=['kept-from-the-code'],
+         bert="Under `--arch bert`, `FlatBERT.head` makes the prompt [CLS] alone, whose state is "
+              'the one slot: the text and `[SEP]` follow it.'),
     dict(section='4.1 Local Hierarchy Correlation', before=3, title='The local-hierarchy sequence',
          text=["The paper's sequences of the local hierarchies \"CS/Machine Learning\" and "
                '"Math/Statistics" (its Fig. 1), the prompt with each `[MASK]` replaced by the gold '
@@ -185,10 +197,11 @@ ITEMS = (
                ('lhmix.py', 'local_hierarchy_table', 'seqs = [local_hierarchy_ids(')],
          differences=['label-order']),
     dict(section='5.2 Implement Details', before=None, title='Warm-up',
-         text=['The paper: "Initially, we train the model for 5 epochs without utilizing Mixup, '
-               'and then for the remaining epochs, we incorporate Mixup during the training '
-               'process." `--warmup-epochs` (default 5) counts those epochs; every later epoch '
-               'mixes:', ''],
+         text=['The paper: "To accelerate the convergence of the model, we adopt a two-step '
+               'training strategy. Initially, we train the model for 5 epochs without utilizing '
+               'Mixup, and then for the remaining epochs, we incorporate Mixup during the '
+               'training process." `--warmup-epochs` (default 5) counts the first step\'s epochs; '
+               'every later epoch mixes:', ''],
          code=[('train.py', 'parse', "add_flag(p, '--warmup-epochs'"),
                ('train.py', 'train_epoch', 'mixing = ')],
          differences=['warm-up']),
@@ -304,7 +317,7 @@ def links(found):
     """The line that links a part of the page to its differences in the README."""
     if not found:
         return []
-    return ["Where this code differs from the authors': "
+    return ["Compared with the authors' code: "
             + ', '.join(f'[{title}](README.md#{anchor})' for title, anchor in found) + '.', '']
 
 
@@ -321,7 +334,8 @@ def page(files, readme, items=ITEMS):
            'Hierarchical Prompt Tuning* (KDD 2025, arXiv 2412.16963), in its order: Eqs. 1-8, '
            'each with the lines that compute its terms; the two sequences the paper displays, '
            'each with the code that builds it and what that code builds for a small tree; the '
-           'two training steps the paper gives in words. Quoted text is the paper\'s.', '']
+           'paper\'s "two-step training strategy" (warm-up without Mixup, then Mixup) and its '
+           'early stopping, which it gives in words. Quoted text is the paper\'s.', '']
     parts = []
     for n in EQUATIONS:  # each equation after the items placed before it, then the rest
         parts += [item for item in items if item['before'] == n] + [n]
@@ -349,6 +363,7 @@ def page(files, readme, items=ITEMS):
                 if anchor not in titles:
                     raise ValueError(f'README.md: no difference <a id="{anchor}"></a> (ITEMS in '
                                      f'tools/paper.py link it from {part["title"]})')
+            out += [part['bert'], ''] if part.get('bert') else []
             out += links([(titles[a], a) for a in part['differences']])
     return '\n'.join(out)
 
