@@ -1,7 +1,9 @@
 """Tests of tools/plot.py on run folders written by hand (helpers.fake_run), reading its SVGs
 as text: each setting's name, the series and points of each figure, and where they lie, checked
-against the runs' numbers averaged here (statistics.mean and stdev) and against Eq. 4; the
-skipped figures, PNGs, and the one-line errors."""
+against the runs' numbers averaged here (statistics.mean and stdev, the 95% t interval with
+scipy's quantile of t) and against Eq. 4; each row's colour; the skipped figures, PNGs, and the
+one-line errors."""
+import colorsys
 import importlib.util
 import math
 import os
@@ -68,8 +70,10 @@ def fig5_macro(alpha, beta, seed=0):
     return 45 + math.log10(alpha) + 4 * (1 - beta) + seed / 2
 
 
-MATPLOTLIB = pytest.mark.skipif(importlib.util.find_spec('matplotlib') is None,
-                                reason='matplotlib is not installed (pip install matplotlib)')
+PLOTTING = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ('matplotlib',
+                                                                               'scipy')),
+                              reason='tools/plot.py needs matplotlib and scipy (pip install '
+                                     'matplotlib scipy)')
 
 
 @pytest.fixture(scope='module')
@@ -106,7 +110,7 @@ def drawn(path):
     """{gid: (its markers' positions, its paths' vertices)} of the artists plot.py names. A band
     (a collection) is a path defined once and placed, as a marker is, by a <use>."""
     def vertices(p):
-        return [(float(x), float(y)) for x, y in re.findall(r'[ML] (\S+) (\S+)', p.get('d'))]
+        return [(float(x), float(y)) for x, y in re.findall(r'[ML] (\S+) (\S+)', p.get('d', ''))]
     root = ET.parse(path).getroot()
     defined = {p.get('id'): vertices(p) for p in root.iter(SVG + 'path') if p.get('id')}
     out = {}
@@ -179,7 +183,28 @@ def mean(xs):
     return statistics.mean(xs), statistics.stdev(xs) if len(xs) > 1 else None
 
 
-@MATPLOTLIB
+def t_interval(xs):
+    """The mean of xs and the half-width of its 95% interval, t_{0.975, n-1} s / sqrt(n) (None
+    for one value)."""
+    from scipy.stats import t
+    n = len(xs)
+    return statistics.mean(xs), (t.ppf(0.975, n - 1) * statistics.stdev(xs) / math.sqrt(n)
+                                 if n > 1 else None)
+
+
+def segments(artist):
+    """Error bars, one artist of drawn(): (x, top, bottom) of each (y downwards)."""
+    v = artist[1]
+    return [(x, min(y, y1), max(y, y1)) for (x, y), (_, y1) in zip(v[::2], v[1::2])]
+
+
+def same_points(a, b):
+    """Whether each point (x, y) of `a` is one of `b` and back, to a thousandth of a point."""
+    d = np.hypot(*(np.array(a)[:, None] - np.array(b)[None]).transpose(2, 0, 1))
+    return d.shape[0] == d.shape[1] and (d.min(0) < 1e-3).all() and (d.min(1) < 1e-3).all()
+
+
+@PLOTTING
 def test_every_figure_names_the_settings_as_the_paper_names_its_rows(figures):
     for name, settings in [('curves', range(6)), ('lambda', [0, 1, 2, 4]),  # those that mixed
                            ('fig7_depth_frequency', range(6))]:
@@ -187,7 +212,7 @@ def test_every_figure_names_the_settings_as_the_paper_names_its_rows(figures):
         assert all(T3_NAMES[i] in text for i in settings), name
     fig4 = figure(figures / 'f4', 'fig4_train_fraction')[0]
     assert all(n in fig4 for n in T3_NAMES[:4])
-    assert not [t for t in fig4 if 'BERT' in t or '%' in t and 'data' in t]  # no line at one share
+    assert not [t for t in fig4 if 'BERT' in t or '% of the training' in t]  # no line at one share
     fig5 = figure(figures / 'f5', 'fig5_alpha_beta')[0]
     assert all(n in fig5 for n in ['Prompt + LH-Mix (β 1)', 'Prompt + LH-Mix (α 1)',
                                    *T3_NAMES[1:4]])
@@ -195,7 +220,7 @@ def test_every_figure_names_the_settings_as_the_paper_names_its_rows(figures):
         assert not [t for t in figure(svg.parent, svg.stem)[0] if re.search(r'\w=|--', t)]
 
 
-@MATPLOTLIB
+@PLOTTING
 def test_nothing_is_drawn_twice(figures):
     """Settings that share Eq. 4's alpha and beta share its curve; those that start Mixup in one
     epoch, its line: each named artist once in each figure."""
@@ -204,7 +229,7 @@ def test_nothing_is_drawn_twice(figures):
         assert len(ids) == len(set(ids)), svg
 
 
-@MATPLOTLIB
+@PLOTTING
 def test_training_curves_mean_over_seeds_with_sd_best_epochs_and_mixup_start(records, figures):
     _, ds = figure(figures / 't3', 'curves')
     for f1 in ('macro', 'micro'):
@@ -234,7 +259,7 @@ def test_training_curves_mean_over_seeds_with_sd_best_epochs_and_mixup_start(rec
         assert same_scale([v for v in values if v is not None], y[has])
 
 
-@MATPLOTLIB
+@PLOTTING
 def test_mixing_ratios_per_epoch_a_panel_each_and_on_eq_4s_curve(figures):
     path = figures / 't3' / 'lambda.svg'
     text, ds = figure(figures / 't3', 'lambda')
@@ -273,7 +298,7 @@ def test_mixing_ratios_per_epoch_a_panel_each_and_on_eq_4s_curve(figures):
         assert [d[0] for d in dots] == pytest.approx(s, abs=1e-5)
 
 
-@MATPLOTLIB
+@PLOTTING
 def test_ratios_at_about_one_half_read_without_an_offset(records, tmp_path):
     """The control mixes at exactly 0.5, BERT + LH-Mix here within 2e-5 of it: alone, their axes
     once read 1e-5+5e-1."""
@@ -285,18 +310,58 @@ def test_ratios_at_about_one_half_read_without_an_offset(records, tmp_path):
         assert labels[k]['y'] == ['0.5', '0.6', '0.7', '0.8', '0.9', '1.0']
 
 
-def stroke(path, gid):
+def colour_of(path, gid, key='stroke'):
+    """The colour of an artist's line (its `key`: 'fill' for a bar), as '#rrggbb'."""
     g = next(g for g in ET.parse(path).getroot().iter(SVG + 'g') if g.get('id') == gid)
-    return re.search(r'stroke: (#\w+)', next(g.iter(SVG + 'path')).get('style')).group(1)
+    return re.search(key + r': (#\w+)', next(g.iter(SVG + 'path')).get('style')).group(1)
 
 
-@MATPLOTLIB
+def hls(colour):
+    """'#rrggbb' as (hue, lightness, saturation)."""
+    return colorsys.rgb_to_hls(*(int(colour[k:k + 2], 16) / 255 for k in (1, 3, 5)))
+
+
+@PLOTTING
+def test_a_row_has_one_colour_in_every_figure_and_a_grid_of_it_shades_of_it(records, figures,
+                                                                             tmp_path):
+    """By the row's name, whatever else is drawn and in whatever order the runs are given."""
+    from matplotlib.colors import to_hex
+    plot.main([str(records / r) for s in T3[::-1] for r in s] + [
+        '--figures', 'curves', 'fig7_depth_frequency', '--out', str(tmp_path)])
+    seen = {name: [] for name in T3_NAMES}
+    for i, name in enumerate(T3_NAMES):
+        for folder, k in ((figures / 't3', i), (tmp_path, 5 - i)):  # as given, and reversed
+            seen[name] += [colour_of(folder / 'curves.svg', f'macro-mean-{k}'),
+                           colour_of(folder / 'fig7_depth_frequency.svg', f'fig7-depth-{k}-1',
+                                  'fill')]
+    for j, name in enumerate(T3_NAMES[:4]):  # Fig. 4: the Prompt rows, in Table 3's order
+        seen[name].append(colour_of(figures / 'f4' / 'fig4_train_fraction.svg', f'fig4-micro-{j}'))
+    fig5 = figures / 'f5' / 'fig5_alpha_beta.svg'
+    for grid in ('alpha', 'beta'):  # the grid's line: LH-Mix's; the other rows' lines
+        seen[T3_NAMES[0]].append(colour_of(fig5, f'fig5-{grid}-0'))
+        seen[T3_NAMES[1]].append(colour_of(fig5, f'fig5-{grid}-reference-0'))
+        seen[T3_NAMES[2]].append(colour_of(fig5, f'fig5-{grid}-reference-1'))
+        seen[T3_NAMES[3]].append(colour_of(fig5, f'fig5-{grid}-reference-2'))
+    ratios = figures / 'f5' / 'lambda.svg'  # its settings: LH-Mix at 13 points, control, Mixup
+    seen[T3_NAMES[1]].append(colour_of(ratios, 'lambda-median-13'))
+    seen[T3_NAMES[2]].append(colour_of(ratios, 'lambda-median-14'))
+    assert [len(set(c)) for c in seen.values()] == [1] * 6, seen
+    assert len({c[0] for c in seen.values()}) == 6  # each row its own: ROWS' where it is alone
+    assert [c[0] for c in seen.values()] == [to_hex(plot.ROWS[n]) for n in T3_NAMES]
+    # Fig. 5's grid in the mixing ratios: LH-Mix's hue, lighter in the order given
+    shades = [hls(colour_of(ratios, f'lambda-median-{i}')) for i in range(13)]
+    assert [h for h, _, _ in shades] == pytest.approx([hls(seen[T3_NAMES[0]][0])[0]] * 13,
+                                                      abs=0.01)
+    assert (np.diff([lightness for _, lightness, _ in shades]) > 0).all()
+
+
+@PLOTTING
 def test_the_mixing_ratios_of_a_whole_fig_5_grid_stay_readable(figures):
     path = figures / 'f5' / 'lambda.svg'
     text, ds = figure(figures / 'f5', 'lambda')
     medians = [k for k in ds if k.startswith('lambda-median-')]
     assert len(medians) == 15  # 13 LH-Mix settings, the control, Mixup: a panel each
-    assert len({stroke(path, k) for k in medians}) == 15  # each its own colour
+    assert len({colour_of(path, k) for k in medians}) == 15  # each its own colour or shade
     names = [f'Prompt + LH-Mix (α {a:g}, β 1)' for a in ALPHAS] + [
         f'Prompt + LH-Mix (α 1, β {b:g})' for b in (0.75, *BETAS)] + T3_NAMES[1:3]
     assert all(text.count(n) == 2 for n in names)  # its panel's title, the legend
@@ -306,56 +371,76 @@ def test_the_mixing_ratios_of_a_whole_fig_5_grid_stay_readable(figures):
     assert len(box) == 15 + 1 and legend[0] > max(bottom for _, bottom in box.values())  # below
 
 
-@MATPLOTLIB
-def test_fig_4_test_f1_against_the_share_of_the_training_data(figures):
+@PLOTTING
+def test_fig_4_test_f1_against_the_share_each_mean_with_its_95_percent_interval(figures):
     text, ds = figure(figures / 'f4', 'fig4_train_fraction')
     assert {'10%', '50%', '100%'} <= set(text)
+    assert [t for t in text if '95% interval over seeds' in t]
     arms = [('lhmix', T3[0]), ('half', T3[1]), ('mixup', T3[2]), ('none', T3[3])]  # as given
     for f1, column in (('micro', 0), ('macro', 1)):
         assert sorted(k for k in ds if k.startswith(f'fig4-{f1}')) == [
-            f'fig4-{f1}-{j}' for j in range(4)]  # no line for BERT's one share
-        values, xs, ys = [], [], []
+            *(f'fig4-{f1}-{j}' for j in range(4)), *(f'fig4-{f1}-interval-{j}' for j in range(4))]
+        values, shares, lines, xs, ys = [], [], [], [], []  # no line for BERT's one share
         for j, (arm, full) in enumerate(arms):
             points = ds[f'fig4-{f1}-{j}'][0]
             assert len(points) == 3
             values += [FIG4[f'{arm}-0.1'][column], FIG4[f'{arm}-0.5'][column],
                        statistics.mean(TABLE3[r][column] for r in full)]
+            shares += [0.1, 0.5, 1]
+            lines += [j] * 3
             xs += [x for x, _ in points]
             ys += [y for _, y in points]
         assert same_scale(values, ys)
-        assert same_scale(np.log([0.1, 0.5, 1] * 4), xs)  # shares on a log scale
+        # shares on a log scale, each line a little right of the last: x = a log share + b + c j
+        design = np.column_stack([np.log(shares), np.ones(len(xs)), lines])
+        abc = np.linalg.lstsq(design, xs, rcond=None)[0]
+        assert np.abs(design @ abc - xs).max() < 1e-3 and 0 < abc[2] < 0.05 * abc[0]
+        scale = np.polyfit(values, ys, 1)
+        for j, (arm, full) in enumerate(arms):  # 10% and 50%: one run, no interval; all: Table 3
+            m, half = t_interval([TABLE3[r][column] for r in full])
+            bars = segments(ds[f'fig4-{f1}-interval-{j}'])
+            assert len(bars) == (half is not None)
+            for x, top, bottom in bars:
+                assert x == pytest.approx(xs[3 * j + 2], abs=1e-3)  # at its line's 100%
+                assert (bottom - top) / 2 / abs(scale[0]) == pytest.approx(half, rel=1e-5)
+                assert (top + bottom) / 2 == pytest.approx(np.polyval(scale, m), abs=1e-3)
 
 
-@MATPLOTLIB
-def test_fig_5_macro_f1_over_the_alpha_and_beta_grids_and_the_other_settings(figures):
-    _, ds = figure(figures / 'f5', 'fig5_alpha_beta')
-    lh = statistics.mean(TABLE3[r][1] for r in T3[0])  # (1, 0.75): Table 3's Prompt + LH-Mix
-    one = statistics.mean([fig5_macro(1, 1), fig5_macro(1, 1, 1)])  # (1, 1): two seeds
-    for grid, x, line in [
-            ('alpha', np.log(ALPHAS), [one if a == 1 else fig5_macro(a, 1) for a in ALPHAS]),
-            ('beta', [0.7, 0.75, *BETAS[1:], 1], [fig5_macro(1, 0.7), lh, *(
-                fig5_macro(1, b) for b in BETAS[1:]), one])]:
-        assert sorted(k for k in ds if k.startswith(f'fig5-{grid}-')
-                      and 'reference' not in k) == [f'fig5-{grid}-0']  # one line a grid
+@PLOTTING
+def test_fig_5_macro_f1_of_each_seed_and_their_mean_over_the_grids_beside_the_others(figures):
+    text, ds = figure(figures / 'f5', 'fig5_alpha_beta')
+    assert 'each seed' in text and [t for t in text if '95% interval over seeds' in t]
+    one = [fig5_macro(1, 1), fig5_macro(1, 1, 1)]  # (1, 1): two seeds
+    for grid, x, seeds in [
+            ('alpha', np.log(ALPHAS), [one if a == 1 else [fig5_macro(a, 1)] for a in ALPHAS]),
+            ('beta', [0.7, 0.75, *BETAS[1:], 1], [[fig5_macro(1, 0.7)], [
+                TABLE3[r][1] for r in T3[0]], *([fig5_macro(1, b)] for b in BETAS[1:]), one])]:
+        assert sorted(k for k in ds if k.startswith(f'fig5-{grid}-') and 'reference' not in k
+                      ) == [f'fig5-{grid}-0', f'fig5-{grid}-seeds-0']  # one line a grid
         points = np.array(ds[f'fig5-{grid}-0'][0])
         assert same_scale(x, points[:, 0])
-        values, ys = list(line), list(points[:, 1])
+        values, ys = [statistics.mean(v) for v in seeds], list(points[:, 1])
         for j, folders in enumerate(T3[1:4]):  # the control, Mixup, Prompt: at their mean,
-            m, sd = mean([TABLE3[r][1] for r in folders])  # their sd a band
+            m, half = t_interval([TABLE3[r][1] for r in folders])  # their interval a band
             values.append(m)
             ys.append(ds[f'fig5-{grid}-reference-{j}'][1][0][1])
-            assert (f'fig5-{grid}-reference-sd-{j}' in ds) == (sd is not None)
-            if sd:
-                band = sorted({y for _, y in ds[f'fig5-{grid}-reference-sd-{j}'][1]})
-                values += [m + sd, m - sd]
+            assert (f'fig5-{grid}-reference-interval-{j}' in ds) == (half is not None)
+            if half:
+                band = sorted({y for _, y in ds[f'fig5-{grid}-reference-interval-{j}'][1]})
+                values += [m + half, m - half]
                 ys += band
         assert same_scale(values, ys)
+        # each run a dot at its grid point, at the scales of the means
+        at = [np.polyval(np.polyfit(x, points[:, 0], 1), x), np.polyfit(values, ys, 1)]
+        assert same_points([(x0, np.polyval(at[1], v)) for x0, vs in zip(at[0], seeds)
+                            for v in vs], ds[f'fig5-{grid}-seeds-0'][0])
 
 
-@MATPLOTLIB
-def test_fig_7_bars_on_an_axis_that_shows_points_and_the_gains_over_prompt_written(figures):
+@PLOTTING
+def test_fig_7_bars_with_95_percent_intervals_and_the_gains_over_prompt_written(figures):
     path = figures / 't3' / 'fig7_depth_frequency.svg'
-    _, ds = figure(figures / 't3', 'fig7_depth_frequency')
+    text, ds = figure(figures / 't3', 'fig7_depth_frequency')
+    assert [t for t in text if '95% interval over seeds' in t]
     gains = texts(path)
     box = frames(path)
     base = {0: 3, 1: 3, 2: 3, 4: 5}  # the setting without Mixup of each one's arch
@@ -367,12 +452,22 @@ def test_fig_7_bars_on_an_axis_that_shows_points_and_the_gains_over_prompt_writt
         values, ys, means = [0], [foot], {}
         for (i, k), v in bars.items():
             f = [TABLE3[r][column][k - 1] for r in T3[i]]
-            means[i, k] = mean(f)
+            means[i, k] = t_interval(f)
             values.append(means[i, k][0])
             ys.append(min((y for _, y in v), key=lambda y: -abs(y - foot)))  # the bar's top
         assert same_scale(values, ys)
         a, b = np.polyfit(values, ys, 1)
-        lowest = min(m - (sd or 0) for m, sd in means.values())
+        tops = {}  # each interval's top (y downwards)
+        for i in range(6):  # each bar's interval at its centre; none for one run
+            intervals = segments(ds.pop(f'fig7-{part}-interval-{i}'))
+            assert len(intervals) == n * (len(T3[i]) > 1)
+            for k, (x, top, bottom) in enumerate(intervals, 1):
+                m, half = means[i, k]
+                tops[i, k] = top
+                assert x == pytest.approx(np.mean([x for x, _ in bars[i, k]]), abs=1e-3)
+                assert (bottom - top) / 2 / abs(a) == pytest.approx(half, rel=1e-5)
+                assert (top + bottom) / 2 == pytest.approx(a * m + b, abs=1e-3)
+        lowest = min(m - (half or 0) for m, half in means.values())
         bottom = (box[axes][1] - b) / a  # the value at the axis' foot
         assert lowest - (max(values) - lowest) / 2 < bottom < lowest  # not 0, no bar cut
         centres = [np.mean([x for x, _ in bars[i, k]]) for k in range(1, n + 1) for i in range(6)]
@@ -380,7 +475,7 @@ def test_fig_7_bars_on_an_axis_that_shows_points_and_the_gains_over_prompt_writt
         for (i, k), v in bars.items():
             gid = f'fig7-{part}-gain-{i}-{k}'
             assert (ds.pop(gid, None) is not None) == (gid in gains) == (i in base)
-            if i in base:  # the gain, written above the bar
+            if i in base:  # the gain, written above the bar and its interval
                 assert gains[gid] == [f'{means[i, k][0] - means[base[i], k][0]:+.2f}']
                 g = next(g for g in ET.parse(path).getroot().iter(SVG + 'g')
                          if g.get('id') == gid)
@@ -388,10 +483,11 @@ def test_fig_7_bars_on_an_axis_that_shows_points_and_the_gains_over_prompt_writt
                     g).decode()).groups())
                 xs = [x for x, _ in v]
                 assert min(xs) < x < max(xs) and y < min(y for _, y in v)
+                assert y < tops.get((i, k), np.inf)
     assert not [k for k in ds if k.startswith('fig7')]  # no other bar
 
 
-@MATPLOTLIB
+@PLOTTING
 def test_fig_7s_depths_come_from_the_deepest_tree_given(records, tmp_path):
     fake_run(tmp_path / 'deep', 70, 45, (60, 45, 30), history=[(40, 50, None)],
              mix='mixup')  # given first
@@ -402,10 +498,11 @@ def test_fig_7s_depths_come_from_the_deepest_tree_given(records, tmp_path):
         'depth 1', '(10 labels)', 'depth 2', '(20 labels)', 'depth 3', '(30 labels)']
     assert sorted(k for k in ds if k.startswith('fig7-depth-')) == [
         'fig7-depth-0-1', 'fig7-depth-0-2', 'fig7-depth-0-3', 'fig7-depth-1-1', 'fig7-depth-1-2',
-        'fig7-depth-gain-0-1', 'fig7-depth-gain-0-2']  # Prompt has no depth 3 to gain over
+        'fig7-depth-gain-0-1', 'fig7-depth-gain-0-2',  # Prompt has no depth 3 to gain over
+        'fig7-depth-interval-0', 'fig7-depth-interval-1']  # (empty: one run each)
 
 
-@MATPLOTLIB
+@PLOTTING
 def test_a_figure_without_its_runs_is_skipped_in_one_line_and_png_on_request(records, tmp_path,
                                                                              capsys):
     out = tmp_path / 'png'
@@ -429,7 +526,7 @@ def test_a_figure_without_its_runs_is_skipped_in_one_line_and_png_on_request(rec
     assert sorted(os.listdir(chosen)) == ['curves.svg', 'fig7_depth_frequency.svg']
 
 
-@MATPLOTLIB
+@PLOTTING
 def test_bad_input_named_in_one_line_before_anything_is_written(records, tmp_path):
     out, run = tmp_path / 'out', str(records / 'lhmix-s0')
     assert error_of(lambda: plot.main([str(records / 'nowhere'), '--out', str(out)])
@@ -456,8 +553,10 @@ def test_bad_input_named_in_one_line_before_anything_is_written(records, tmp_pat
     assert tree_state(tmp_path) == before
 
 
-def test_without_matplotlib_one_line_says_how_to_install(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, 'matplotlib', None)  # as if it were not installed
+@pytest.mark.parametrize('missing', ['matplotlib', 'scipy'])
+def test_without_matplotlib_or_scipy_one_line_says_how_to_install(tmp_path, monkeypatch, missing):
+    for name in [m for m in sys.modules if m.split('.')[0] == missing] + [missing]:
+        monkeypatch.setitem(sys.modules, name, None)  # as if it were not installed
     assert error_of(lambda: plot.main([str(tmp_path), '--out', str(tmp_path / 'out')])) == (
-        'error: tools/plot.py needs matplotlib: pip install matplotlib')
+        'error: tools/plot.py needs matplotlib and scipy: pip install matplotlib scipy')
     assert os.listdir(tmp_path) == []

@@ -4,14 +4,17 @@ names them, each into --out as NAME.svg (or .png):
   curves                dev macro- and micro-F1 per epoch, mean over seeds +- sd
   lambda                the mixing ratios per epoch, a panel a setting, and where they lie on
                         Eq. 4's curve at each LH-Mix setting's alpha and beta
-  fig4_train_fraction   test F1 against the share of the training data (Fig. 4)
-  fig5_alpha_beta       test macro-F1 over the alpha grid and the beta grid, the other settings
-                        as reference lines (Fig. 5)
-  fig7_depth_frequency  test macro-F1 per depth and per label-frequency quartile, with each
-                        setting's gain over the one without Mixup (Fig. 7)
+  fig4_train_fraction   test F1 against the share of the training data, each mean with its 95%
+                        interval over seeds (Fig. 4)
+  fig5_alpha_beta       test macro-F1 of each seed and their mean over the alpha grid and the
+                        beta grid, the other settings as reference lines (Fig. 5)
+  fig7_depth_frequency  test macro-F1 per depth and per label-frequency quartile, each mean with
+                        its 95% interval over seeds and its gain over the setting without Mixup
+                        (Fig. 7)
 
-A figure whose runs are not given is skipped, in a line saying what it needs. Needs matplotlib
-(pip install matplotlib); the reference does not.
+A setting has its row's colour (ROWS) in every figure; several settings of one row, shades of it.
+A figure whose runs are not given is skipped, in a line saying what it needs. Needs matplotlib and
+scipy (pip install matplotlib scipy); the reference does not.
 
     python -m tools.plot out/demo-prompt-lhmix-s? out/demo-prompt-mixup-s?
     python -m tools.plot runs/*-s? --out figures --format png
@@ -25,11 +28,16 @@ import numpy as np
 
 import data
 import runs
-from tools.summary import (GREEK, control, fig7_columns, finished_run, mean_sd, setting_names,
-                           settings)
+from tools.summary import (GREEK, control, fig7_columns, finished_run, mean_sd, row_name,
+                           setting_names, settings)
 
 START = {'svg': b'<?xml', 'png': b'\x89PNG'}  # how matplotlib's files of each format begin
 MIXING = ('mix', 'alpha', 'beta', 'mix_alpha')  # the arguments of the mixing alone
+# One colour for each row of Table 3 and each control, as row_name names them, in every figure:
+# the Prompt rows in matplotlib's first four colours, the BERT rows in others
+ROWS = {'Prompt + LH-Mix': 'C1', 'Prompt + LH-Mix, λ = 0.5 (control)': 'C0', 'Prompt + Mixup': 'C2',
+        'Prompt': 'C3', 'BERT + LH-Mix': 'C5', 'BERT + LH-Mix, λ = 0.5 (control)': 'C9',
+        'BERT + Mixup': 'C8', 'BERT': 'C4'}
 
 
 def read_history(folder):
@@ -57,11 +65,27 @@ def mixed_epochs(s, history):
     return [e for r in s.folders for e, q in enumerate(history[r]['lambda']) if q]
 
 
-def colours(n):
-    """A colour for each of n settings: matplotlib's ten, or past ten a sequential map, which
-    shows a grid given in its order as that order."""
-    from matplotlib import colormaps
-    return [f'C{i}' for i in range(n)] if n <= 10 else colormaps['viridis'](np.linspace(0, .9, n))
+def colours(all_args):
+    """Each setting's colour, by its train.py arguments: its row's (ROWS); several settings of one
+    row (a grid) in shades of it, dark to light in the order given, which show that order."""
+    from matplotlib.colors import to_rgb
+    rows, out = [row_name(a) for a in all_args], []
+    for i, r in enumerate(rows):
+        n, k = rows.count(r), rows[:i].count(r)
+        t = 0.8 * k / (n - 1) - 0.45 if n > 1 else 0  # -1 black, 0 the row's colour, 1 white
+        c = np.array(to_rgb(ROWS[r]))
+        out.append(c * (1 + min(t, 0)) + (1 - c) * max(t, 0))
+    return out
+
+
+def interval(x):
+    """Mean over axis 0 of the values that are not NaN, and the half-width of its 95% t interval,
+    t_{0.975, n-1} sd / sqrt(n): NaN where there is one value (no spread to tell)."""
+    from scipy.stats import t
+    n = (~np.isnan(np.asarray(x, dtype=float))).sum(0)
+    mean, sd = mean_sd(x)
+    with np.errstate(divide='ignore', invalid='ignore'):
+        return mean, t.ppf(0.975, n - 1) * sd / np.sqrt(n)
 
 
 def legend(fig, *extra):
@@ -76,7 +100,7 @@ def curves(fig, groups, history):
     """Dev F1 per epoch: each setting's mean over the runs that reached the epoch, +- sd; each
     run's best dev epoch; the first epoch with Mixup (once for the settings that share it)."""
     from matplotlib.lines import Line2D
-    colour = colours(len(groups))
+    colour = colours([s.args for s in groups])
     starts = sorted({min(e) for e in (mixed_epochs(s, history) for s in groups) if e})
     for ax, f1 in zip(fig.subplots(1, 2), ('macro', 'micro')):
         for i, s in enumerate(groups):
@@ -107,7 +131,8 @@ def ratios(fig, groups, history):
     mixing = [(i, s) for i, s in enumerate(groups) if mixed_epochs(s, history)]
     if not mixing:
         return 'needs runs that mixed (--mix lhmix or mixup, past --warmup-epochs)'
-    colour, lhmix = colours(len(groups)), [(i, s) for i, s in mixing if s.args['mix'] == 'lhmix']
+    colour = colours([s.args for s in groups])
+    lhmix = [(i, s) for i, s in mixing if s.args['mix'] == 'lhmix']
     cols = min(len(mixing), 3)  # room for a title of 35 characters
     rows = -(-len(mixing) // cols)
     fig.set_size_inches(12, 2.5 + 1.7 * rows)
@@ -166,13 +191,22 @@ def series(groups, x):
     return {name: sorted(ss, key=lambda s: s.args[x]) for name, ss in lines.items()}
 
 
-def errorbars(ax, lines, x, f1, gid, colour, tick='{:g}'):
-    """Test F1 (%) of each line's settings: mean +- sd over their runs; ticks at the x given."""
+def means(ax, lines, x, f1, gid, colour, tick='{:g}', seeds=False, dodge=1):
+    """Test F1 (%) of each line's settings: the mean over their runs with its 95% interval, or
+    with `seeds`, beside it each run's (a dot); ticks at the x given. Each line is moved along
+    a log x by a factor `dodge` from the last, so that intervals at one x stand apart."""
     for i, (name, ss) in enumerate(lines.items()):
-        mean, sd = np.transpose([mean_sd([100 * t[f1] for t in s.tests]) for s in ss])
-        drawn = ax.errorbar([s.args[x] for s in ss], mean, sd, marker='o', capsize=3,
-                            color=colour[name], label=name)
+        shift = dodge ** (i - (len(lines) - 1) / 2)
+        at, f = [s.args[x] * shift for s in ss], [[100 * t[f1] for t in s.tests] for s in ss]
+        mean, half = np.transpose([interval(v) for v in f])
+        drawn = ax.errorbar(at, mean, None if seeds else half, marker='o', capsize=3,
+                            color=colour[name], mfc='white' if seeds else None, label=name)
         drawn.lines[0].set_gid(f'{gid}-{i}')
+        if seeds:  # above the line; a lone seed's dot lies in its mean's ring
+            ax.plot([a for a, v in zip(at, f) for _ in v], sum(f, []), '.', color=colour[name],
+                    zorder=3, gid=f'{gid}-seeds-{i}')
+        else:
+            drawn.lines[2][0].set_gid(f'{gid}-interval-{i}')
     grid = sorted({s.args[x] for ss in lines.values() for s in ss})
     ax.set_xticks(grid, [tick.format(v) for v in grid])
     ax.minorticks_off()
@@ -184,20 +218,24 @@ def fig4(fig, groups):
     lines = {n: ss for n, ss in series(groups, 'train_fraction').items() if len(ss) > 1}
     if not lines:
         return 'needs a setting at two or more --train-fraction'
-    colour = dict(zip(lines, colours(len(lines))))
+    colour = dict(zip(lines, colours([ss[0].args for ss in lines.values()])))
     for ax, f1 in zip(fig.subplots(1, 2), ('micro', 'macro')):
         ax.set_xscale('log')  # the paper's shares: 10%, 25%, 50% and all
-        errorbars(ax, lines, 'train_fraction', f'{f1}_f1', f'fig4-{f1}', colour, '{:.0%}')
+        means(ax, lines, 'train_fraction', f'{f1}_f1', f'fig4-{f1}', colour, '{:.0%}',
+              dodge=1.03)
         ax.set(xlabel='share of the training data', ylabel=f'test {f1}-F1 (%)',
                title=f'test {f1}-F1')
     legend(fig)
-    fig.suptitle('Fig. 4: test F1 against the training data used, mean ± sd over the seeds')
+    fig.suptitle('Fig. 4: test F1 against the training data used: the mean over the seeds, '
+                 'bars its 95% interval over seeds')
 
 
 def fig5(fig, groups):
     """Test macro-F1 of the LH-Mix settings over the alpha grid at a fixed beta, and over the beta
-    grid at a fixed alpha; every other setting given (the lambda = 0.5 control, Prompt) as a
-    horizontal line at its mean, its sd as a band."""
+    grid at a fixed alpha, each run's beside their mean (a grid point has one seed or a few);
+    every other setting given (the lambda = 0.5 control, Prompt) as a horizontal line at its
+    mean, its 95% interval as a band."""
+    from matplotlib.lines import Line2D
     grids = {}
     for x in GREEK:
         lines = {n: ss for n, ss in series(groups, x).items() if len(ss) > 1
@@ -208,58 +246,61 @@ def fig5(fig, groups):
         return 'needs LH-Mix runs at two or more --alpha (one --beta) or --beta (one --alpha)'
     on_lines = {s.name for lines in grids.values() for ss in lines.values() for s in ss}
     references = [s for s in groups if s.name not in on_lines]
-    names = [*dict.fromkeys(n for lines in grids.values() for n in lines),
-             *(s.name for s in references)]
-    colour = dict(zip(names, colours(len(names))))
     for ax, (x, lines) in zip(fig.subplots(1, len(grids), squeeze=False)[0], grids.items()):
+        # a panel's lines and the references: shades only where a panel has two of one row
+        colour = dict(zip([*lines, *(s.name for s in references)], colours(
+            [*(ss[0].args for ss in lines.values()), *(s.args for s in references)])))
         ax.set_xscale('log' if x == 'alpha' else 'linear')  # the paper's alpha grid: 0.1 to 10
-        errorbars(ax, lines, x, 'macro_f1', f'fig5-{x}', colour)
+        means(ax, lines, x, 'macro_f1', f'fig5-{x}', colour, seeds=True)
         for j, s in enumerate(references):
-            mean, sd = mean_sd([100 * t['macro_f1'] for t in s.tests])
+            mean, half = interval([100 * t['macro_f1'] for t in s.tests])
             ax.axhline(mean, ls='--', color=colour[s.name], label=s.name,
                        gid=f'fig5-{x}-reference-{j}')
             if len(s.tests) > 1:
-                ax.axhspan(mean - sd, mean + sd, color=colour[s.name], alpha=0.15, lw=0,
-                           gid=f'fig5-{x}-reference-sd-{j}')
+                ax.axhspan(mean - half, mean + half, color=colour[s.name], alpha=0.15, lw=0,
+                           gid=f'fig5-{x}-reference-interval-{j}')
         other = GREEK[next(k for k in GREEK if k != x)]
         ax.set(xlabel=f'{GREEK[x]} (Eq. 4)', ylabel='test macro-F1 (%)',
                title=f'over {GREEK[x]}, {other} fixed')
-    legend(fig)
-    fig.suptitle("Fig. 5: test macro-F1 over Eq. 4's parameters, mean ± sd over the seeds; "
-                 'dashed: the other settings given')
+    legend(fig, Line2D([], [], ls='none', marker='.', color='k', label='each seed'))
+    fig.suptitle("Fig. 5: test macro-F1 over Eq. 4's parameters: each seed (dot), their mean "
+                 '(ring);\ndashed: the other settings given, shaded: their 95% interval over seeds')
 
 
 def fig7(fig, groups):
     """Test macro-F1 per depth (of the deepest tree given) and per label-frequency quartile, a bar
-    for each setting, mean +- sd over its runs, on an axis that starts near the lowest bar; above
-    each bar the setting's gain over the setting without Mixup (Prompt, BERT) of its other
-    arguments, as the paper's Fig. 7 writes + Mixup's and + LH-Mix's over Prompt's."""
+    for each setting, the mean over its runs with its 95% interval, on an axis that starts near
+    the lowest bar; above each bar the setting's gain over the setting without Mixup (Prompt,
+    BERT) of its other arguments, as the paper's Fig. 7 writes + Mixup's and + LH-Mix's over
+    Prompt's."""
     heads, depths, by = fig7_columns([t for s in groups for t in s.tests])
     ends = np.cumsum([0, *(len(s.tests) for s in groups)])
-    stats = [mean_sd(by[a:b]) for a, b in zip(ends, ends[1:])]
+    stats = [interval(by[a:b]) for a, b in zip(ends, ends[1:])]
     rest = [json.dumps({k: v for k, v in s.args.items() if k not in MIXING}, sort_keys=True)
             for s in groups]
     # the first setting without Mixup given of each arch and other arguments
     unmixed = {r: i for i, r in reversed(list(enumerate(rest))) if groups[i].args['mix'] == 'none'}
-    colour, width = colours(len(groups)), 0.8 / len(groups)
+    colour, width = colours([s.args for s in groups]), 0.8 / len(groups)
     for ax, part in zip(fig.subplots(1, 2, width_ratios=(depths, len(heads) - depths)),
                         ('depth', 'quartile')):
         cols = slice(0, depths) if part == 'depth' else slice(depths, None)
         at = np.arange(1, len(heads[cols]) + 1)
         tops = []
         for i, s in enumerate(groups):
-            mean, sd = stats[i][0][cols], np.nan_to_num(stats[i][1][cols])  # no sd of one run
+            mean, half = stats[i][0][cols], stats[i][1][cols]  # half: NaN, no bar, for one run
             has = ~np.isnan(mean)  # none past the setting's own depth
             x = at + (i - (len(groups) - 1) / 2) * width
-            bars = ax.bar(x[has], mean[has], width, yerr=sd[has], capsize=2, color=colour[i],
+            bars = ax.bar(x[has], mean[has], width, yerr=half[has], capsize=2, color=colour[i],
                           label=s.name)
+            bars.errorbar.lines[2][0].set_gid(f'fig7-{part}-interval-{i}')
             for k, bar in zip(at[has], bars):
                 bar.set_gid(f'fig7-{part}-{i}-{k}')
-            tops += [*(mean - sd)[has], *(mean + sd)[has]]
+            half = np.nan_to_num(half)
+            tops += [*(mean - half)[has], *(mean + half)[has]]
             if unmixed.get(rest[i], i) != i:
                 gain = mean - stats[unmixed[rest[i]]][0][cols]
                 for k in at[has & ~np.isnan(gain)]:
-                    ax.annotate(f'{gain[k - 1]:+.2f}', (x[k - 1], (mean + sd)[k - 1]), (0, 2),
+                    ax.annotate(f'{gain[k - 1]:+.2f}', (x[k - 1], (mean + half)[k - 1]), (0, 2),
                                 textcoords='offset points', rotation=90, ha='center',
                                 va='bottom', fontsize=7, gid=f'fig7-{part}-gain-{i}-{k}')
         lo, hi = min(tops), max(tops)
@@ -269,17 +310,20 @@ def fig7(fig, groups):
         ax.set(ylabel='test macro-F1 (%)', xlabel='depth in the hierarchy' if part == 'depth'
                else 'label-frequency quartile (by training documents; Q1: the rarest)')
     legend(fig)
-    fig.suptitle('Fig. 7: test macro-F1 per depth and per label frequency, mean ± sd over the '
-                 'seeds\nabove a bar: its gain over the setting without Mixup, in points')
+    fig.suptitle('Fig. 7: test macro-F1 per depth and per label frequency: the mean over the '
+                 'seeds, bars its 95% interval over seeds;\nabove a bar: its gain over the '
+                 'setting without Mixup, in points')
 
 
 def plot(args):
     """Each figure whose runs are given, drawn into --out once every run has been read."""
-    try:  # the tools' own dependency: the reference does not import it
+    try:  # the tools' own dependencies: the reference imports neither
         import matplotlib
+        import scipy.stats  # noqa: F401 (interval's)
         from matplotlib.figure import Figure  # not pyplot: off-screen (PNGs by Agg), no window
     except ImportError:
-        raise ValueError('tools/plot.py needs matplotlib: pip install matplotlib') from None
+        raise ValueError('tools/plot.py needs matplotlib and scipy: pip install matplotlib scipy'
+                         ) from None
     groups = settings(args.runs)
     history = {r: read_history(r) for s in groups for r in s.folders}
     figures = {'curves': lambda fig: curves(fig, groups, history),
