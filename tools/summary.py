@@ -145,18 +145,17 @@ def mean_sd(x):
         return mean, np.sqrt(np.nansum((x - mean) ** 2, 0) / (n - 1))
 
 
-def welch(groups, weights=(1, -1)):
-    """Welch's t-test of the contrast sum_i w_i mean_i of independent groups (a − b by default),
-    each group's values along axis 0 (a column a metric): (the contrast, its two-sided p), with
-    Welch-Satterthwaite's degrees of freedom. For two groups it is scipy.stats.ttest_ind(a, b,
-    equal_var=False); scipy has no test of a contrast of four (a difference of two differences).
-    NaN where no group has any spread. Needs scipy."""
+def welch(a, b):
+    """Welch's t-test of mean(a) − mean(b), each sample's values along axis 0 (a column a metric):
+    the difference, its two-sided p, its standard error and Welch-Satterthwaite's degrees of
+    freedom; scipy.stats.ttest_ind(a, b, equal_var=False) with the standard error and df that an
+    interval needs. NaN where neither sample has any spread. Needs scipy."""
     from scipy.stats import t
-    v = [w * w * np.var(g, 0, ddof=1) / len(g) for w, g in zip(weights, groups)]
-    diff = sum(w * np.mean(g, 0) for w, g in zip(weights, groups))
+    v = [np.var(x, 0, ddof=1) / len(x) for x in (a, b)]
+    diff, se = np.mean(a, 0) - np.mean(b, 0), np.sqrt(sum(v))
     with np.errstate(divide='ignore', invalid='ignore'):
-        df = sum(v) ** 2 / sum(x * x / (len(g) - 1) for x, g in zip(v, groups))
-        return diff, 2 * t.sf(abs(diff) / np.sqrt(sum(v)), df)
+        df = sum(v) ** 2 / sum(x * x / (len(g) - 1) for x, g in zip(v, (a, b)))
+        return diff, 2 * t.sf(abs(diff) / se, df), se, df
 
 
 def markdown(cells):
@@ -187,7 +186,7 @@ def summary(folders):
         if n > 1:
             sd = f1.std(0, ddof=1)
             if rows and with_p and rows[0]['n'] > 1:
-                p = welch([f1, rows[0]['f1']])[1]
+                p = welch(f1, rows[0]['f1'])[1]
         rows.append({'setting': group.name, 'n': n, 'f1': f1, 'mean': f1.mean(0), 'sd': sd,
                      'p': p})
         table.append(markdown([group.name, n, *(f'{m:.2f}' + (f' ± {sd[i]:.2f}' if n > 1 else '')
