@@ -24,7 +24,7 @@ RUN = (METRICS, TEST_METRICS, *(f'{c}/{f}' for c in ('best', 'last') for f in CH
 TMP = tuple(temporary(f) for f in RUN)
 # An --overwrite writes its first epoch into NEW, which replaces the earlier run once it is whole.
 NEW = '.new'
-OURS = ('best', 'last', NEW) + RUN + TMP  # Everything train.py writes in a run folder.
+OURS = ('best', 'last') + RUN + TMP  # What train.py writes in a run folder, and in its NEW.
 
 
 def unwritable(folder):
@@ -79,14 +79,6 @@ def checkpoint_meta(folder):
         return json.loads((f.metadata() or {})['lhmix'])
 
 
-def check_labels(saved, hierarchy, folder):
-    """Refuses data whose labels are not the checkpoint's, in its order (its label ids)."""
-    if saved.labels != hierarchy.labels:
-        raise ValueError(f'{folder}: its labels differ from those of the data' + (
-            ' in their order (a taxonomy with its lines reordered?)'
-            if sorted(saved.labels) == sorted(hierarchy.labels) else ''))
-
-
 def load_checkpoint(folder, device='cpu', hierarchy=None):
     """Return (model, tokenizer, the metadata with 'extra': the other tensors). With `hierarchy`,
     the labels must be the data's. No code from the folder runs (config.json's auto_map is
@@ -126,8 +118,10 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
         raise ValueError(f'{weights}: weights missing, unexpected or not shaped as config.json '
                          f'says: {bad[0]} and {len(bad) - 1} more')
     model.load_state_dict(tensors, strict=False)
-    if hierarchy is not None:
-        check_labels(model.hierarchy, hierarchy, folder)
+    if hierarchy is not None and model.hierarchy.labels != hierarchy.labels:
+        raise ValueError(f'{folder}: its labels differ from those of the data' + (
+            ' in their order (a taxonomy with its lines reordered?)'
+            if sorted(model.hierarchy.labels) == sorted(hierarchy.labels) else ''))
     return model.to(device), tokenizer, meta
 
 
@@ -151,27 +145,20 @@ def delete_run(folder, names=RUN + TMP):
             os.rmdir(os.path.join(folder, sub))
 
 
-def replace_run(folder):
-    """Replaces the run in `folder` by the whole epoch in folder/NEW: the earlier run's test
-    figures go, then best/, metrics.jsonl and last/ are each deleted and NEW's moved into their
-    place. NEW's last/ moves last, because its weights are what mark NEW as whole: after a kill
-    at any instant, settle() finishes the replacement."""
-    new = os.path.join(folder, NEW)
-    delete_run(folder, (TEST_METRICS,) + TMP)
-    for name in ('best', METRICS, 'last'):
-        if os.path.lexists(os.path.join(new, name)):
-            delete_run(folder, [n for n in RUN if n.split('/')[0] == name])
-            os.replace(os.path.join(new, name), os.path.join(folder, name))
-    os.rmdir(new)
-
-
 def settle(folder):
-    """Finishes what an --overwrite left in folder/NEW: a whole epoch (its last/ weights are
-    there) replaces the earlier run; a part of one is deleted, and the earlier run stays."""
+    """Finishes what an --overwrite left in folder/NEW. A whole epoch (its last/ weights are
+    there) replaces the earlier run: the earlier test figures go, then best/, metrics.jsonl and
+    last/ are each deleted and NEW's moved into their place (what NEW lacks is kept). NEW's last/
+    moves last, so that after a kill at any instant, settle() finishes the replacement. A part of
+    an epoch is deleted, and the earlier run stays."""
     new = os.path.join(folder, NEW)
     if os.path.exists(os.path.join(new, 'last', WEIGHTS)):
-        replace_run(folder)
-    elif os.path.isdir(new):
+        delete_run(folder, (TEST_METRICS,) + TMP)
+        for name in ('best', METRICS, 'last'):
+            if os.path.lexists(os.path.join(new, name)):
+                delete_run(folder, [n for n in RUN if n.startswith(name)])
+                os.replace(os.path.join(new, name), os.path.join(folder, name))
+    if os.path.isdir(new):
         delete_run(new)
         os.rmdir(new)
 
@@ -186,21 +173,14 @@ class RunFolder:
         if os.path.islink(out) and not os.path.exists(out):
             raise ValueError(f'--out {out}: a symbolic link to nothing ({self.path})')
         # An unwritable folder is refused now, not at the first save, an epoch later.
-        why = [w for w in map(unwritable, [out] + [os.path.join(out, c) for c in ('best', 'last')])
-               if w]
+        why = next(filter(None, map(unwritable, (out, f'{out}/best', f'{out}/last'))), None)
         if why:
-            raise ValueError(f'--out {out}: {why[0]}')
+            raise ValueError(f'--out {out}: {why}')
         self.made, up = [], self.path  # The folders made here, deepest first.
         while not os.path.exists(up):
             self.made, up = self.made + [up], os.path.dirname(up)
         os.makedirs(self.path, exist_ok=True)
         self.fd = os.open(self.path, os.O_RDONLY)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self.fd)
-            raise ValueError(f'--out {out}: another train.py is using this folder; let it end, '
-                             'or choose another --out') from None
         try:
             self.replacing = self._check(resume, overwrite)
         except BaseException:
@@ -209,39 +189,39 @@ class RunFolder:
         self.saved = resume  # Until this run saves an epoch, a failure deletes what it wrote.
 
     def _check(self, resume, overwrite):
-        """Refuses --out as it is, or says whether an earlier run is to be replaced."""
+        """Locks --out, then refuses it as it is, or says whether an earlier run is to be
+        replaced."""
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f'--out {self.name}: another train.py is using this folder; let it '
+                             'end, or choose another --out') from None
         # A link would have the run write or delete outside --out, in the user's own files.
-        link = next((n for n in OURS if os.path.islink(os.path.join(self.path, n))), None)
+        link = next((n for n in (NEW,) + OURS if os.path.islink(os.path.join(self.path, n))), None)
         if link:
             raise ValueError(
                 f'--out {self.name}: {os.path.join(self.name, link)} is a symbolic link (to '
                 f'{os.readlink(os.path.join(self.path, link))}); train.py neither writes nor '
                 'deletes through links in a run folder: put what it names in its place, or '
                 'choose another --out')
+        self._refuse_others(NEW)  # settle() deletes only train.py's files, and stops at another.
         settle(self.path)  # An --overwrite killed while it saved its first epoch.
-        top = sorted(os.listdir(self.path))
-        other = next((os.path.join(self.name, n) for n in (  # The first, without a full walk.
-            os.path.relpath(os.path.join(r, n), self.path) for r, dirs, files in os.walk(self.path)
-            for n in sorted(dirs + files)) if n not in OURS), None)
+        top = os.listdir(self.path)
         if resume and 'last' not in top:
             raise ValueError(f'--resume: {self.name} holds no run to continue')
         if resume:
             delete_run(self.path, TMP)  # What killed saves left.
         if resume or not top:
             return False
-        why = None
         try:
             checkpoint_meta(os.path.join(self.path, 'last'))['history']
+            why = None
         except Exception as e:  # Missing, unreadable, not a run's: the message says which.
             why = one_line(e)
         if why is None and not overwrite:
             raise ValueError(f'--out {self.name}: holds an earlier run; continue it with --resume, '
                              'replace it with --overwrite, or choose another --out')
-        if other:
-            raise ValueError(f'--overwrite: {other} is not a file train.py writes; nothing is '
-                             'deleted while it is there' if overwrite else f'--out {self.name}: '
-                             f'holds no train.py run (it holds {", ".join(top[:3])}...); choose '
-                             'another --out')
+        self._refuse_others()
         if not overwrite:
             raise ValueError(f'--out {self.name}: holds a train.py run that saved no epoch or is '
                              f'damaged ({why}); replace it with --overwrite, or choose another '
@@ -251,23 +231,31 @@ class RunFolder:
                   f'({why}); replacing it', file=sys.stderr)
         return True
 
-    def delete_unsaved(self):
-        """Deletes what this run wrote, if it saved no epoch (an --overwrite's part of one in NEW),
-        and the folders it made, if empty."""
-        if not self.saved and self.replacing:
-            settle(self.path)
-        elif not self.saved:
-            delete_run(self.path)
-        for folder in self.made:
-            with contextlib.suppress(OSError):
-                os.rmdir(folder)
+    def _refuse_others(self, sub=''):
+        """Refuses --out if --out/sub holds a name train.py does not write, or a link: the first,
+        found without a full walk."""
+        folder = os.path.join(self.path, sub)
+        other = next((n for r, dirs, files in os.walk(folder) for n in (
+            os.path.relpath(os.path.join(r, x), folder) for x in sorted(dirs + files))
+            if n not in OURS or os.path.islink(os.path.join(folder, n))), None)
+        if other:
+            raise ValueError(f'--out {self.name}: {os.path.join(self.name, sub, other)} is not a '
+                             'file train.py writes; move it away, or choose another --out')
 
     def __enter__(self):
         return self
 
-    def __exit__(self, failed, *_):  # On failure it deletes what it may, then unlocks.
-        if failed:
-            self.delete_unsaved()
+    def __exit__(self, failed, *_):
+        """On failure, deletes what this run wrote if it saved no epoch (an --overwrite's part of
+        one, in NEW); removes the folders it made if they are empty (on success they hold the
+        run); then unlocks."""
+        if failed and self.replacing:
+            settle(self.path)
+        elif failed and not self.saved:
+            delete_run(self.path)
+        for folder in self.made:
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
         os.close(self.fd)
 
     def load_last(self, device='cpu'):
@@ -300,10 +288,8 @@ class RunFolder:
             if self.replacing:
                 e.strerror += f'; the earlier run in {self.name} is kept'
             raise
-        if self.replacing:
-            replace_run(self.path)
-            self.replacing = False
-        self.saved = True
+        settle(self.path)  # An --overwrite's first epoch, whole in NEW, replaces the earlier run.
+        self.saved, self.replacing = True, False
 
 
 # The one error exit of the scripts

@@ -1,6 +1,7 @@
 """Tests of evaluate.py, by behaviour; expected values worked by hand or computed independently."""
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import data
 import evaluate
 import lhmix
 import runs
-from helpers import PARENTS, TEXTS, error_of, tiny_model, tree_state
+from helpers import PARENTS, TEXTS, error_of, read_metrics, tiny_model, tree_state
 
 
 # F1 (HiAGM convention) and scoring a checkpoint or a prediction file
@@ -57,7 +58,9 @@ def test_per_depth_and_label_frequency_quartiles_hand_worked():
         assert g == pytest.approx(w)
 
 
-def test_evaluate_reproduces_test_metrics_and_rescores_its_predictions(run, tmp_path):
+def test_evaluate_reproduces_test_metrics_and_rescores_its_predictions(run, tmp_path, capsys):
+    """The run's test figures (test_metrics.json), its best epoch's dev figures (metrics.jsonl,
+    scored by train.py as it trained) with --split dev, and the F1 of the saved predictions."""
     e, p = tmp_path / 'e.json', tmp_path / 'p.jsonl'
     argv = ['--ckpt', str(run / 'best'), '--data', 'demo', '--device', 'cpu', '--out', str(e),
             '--save-predictions', str(p)]
@@ -69,6 +72,94 @@ def test_evaluate_reproduces_test_metrics_and_rescores_its_predictions(run, tmp_
     pred = [[h.index[v] for v in json.loads(x)['labels']] for x in p.read_text().splitlines()]
     f1 = evaluate.f1_scores(pred, [ls for _, ls in splits['test']], len(h))
     assert (f1['micro_f1'], f1['macro_f1']) == pytest.approx((test['micro_f1'], test['macro_f1']))
+    capsys.readouterr()
+    evaluate.main(argv[:4] + ['--device', 'cpu', '--split', 'dev', '--out', str(e)])
+    dev, best = json.loads(e.read_text()), read_metrics(run)[test['best_epoch']]
+    assert (dev['micro_f1'], dev['macro_f1']) == pytest.approx((best['dev_micro_f1'],
+                                                            best['dev_macro_f1']))
+    assert capsys.readouterr().out.splitlines()[1].startswith('dev: micro-F1 ')
+
+
+# What evaluate.py prints: the report's lines, --save-predictions' lines, --texts' JSON lines
+
+PREDICTED = ['science', 'physics', 'optics', 'arts']  # in the demo tree's order
+
+
+@pytest.fixture(scope='module')
+def fixed(run, tmp_path_factory):
+    """The demo run's best/ with max_length 40 (a text budget of 40 - 8 - 1 = 31 word-pieces,
+    beside the demo's prompt of 8 and the closing [SEP]) and label biases (+-20, far beyond its
+    scores) that predict PREDICTED for every text."""
+    model, tok, _ = runs.load_checkpoint(str(run / 'best'))
+    with torch.no_grad():
+        model.label_bias.fill_(-20.0)
+        model.label_bias[[model.hierarchy.index[v] for v in PREDICTED]] = 20.0
+    model.max_length = 40
+    folder = tmp_path_factory.mktemp('fixed') / 'ck'
+    runs.save_checkpoint(str(folder), model, tok, {})
+    return folder
+
+
+def test_report_lines_overall_then_each_depth_then_each_quartile(fixed, tmp_path, capsys):
+    """Every test document predicted PREDICTED, its F1 counted by hand: a predicted label v,
+    gold in g_v of the N documents, has tp g_v of N + g_v, F1 2 g_v / (N + g_v); the others 0.
+    The documents longer than the budget (a word-piece per demo word) are counted as cut."""
+    e, p = tmp_path / 'e.json', tmp_path / 'p.jsonl'
+    evaluate.main(['--ckpt', str(fixed), '--data', 'demo', '--device', 'cpu', '--out', str(e),
+                   '--save-predictions', str(p)])
+    lines = capsys.readouterr().out.splitlines()
+    h, splits = data.load_demo()
+    docs, r = splits['test'], json.loads(e.read_text())
+    n, g = len(docs), [sum(v in ls for _, ls in docs) for v in range(len(h))]
+    on = [h.labels[v] in PREDICTED for v in range(len(h))]
+
+    def figures(labels):  # micro- and macro-F1 (%) over these labels
+        tp, both = sum(g[v] for v in labels if on[v]), sum(n * on[v] + g[v] for v in labels)
+        return 200 * tp / both, 100 * sum(2 * g[v] / (n + g[v]) for v in labels if on[v]) / len(
+            labels)
+    cut = sum(len(text.split()) > 31 for text, _ in docs)
+    assert 0 < cut < n and re.fullmatch(
+        rf'300 documents \({cut} truncated to max_length 40\) in \d+\.\d s', lines[0]), lines[0]
+    depths = [[v for v in range(len(h)) if h.depth[v] == d] for d in (1, 2, 3)]
+    assert lines[1:5] == ['{}: micro-F1 {:.2f}  macro-F1 {:.2f}'.format(what, *figures(labels))
+                          for what, labels in [('test', range(len(h))), ('  depth 1', depths[0]),
+                                               ('  depth 2', depths[1]), ('  depth 3', depths[2])]]
+    assert lines[5:] == [f'  label-frequency quartile {q} ({f["train_docs_min"]}-'
+                         f'{f["train_docs_max"]} train docs): micro-F1 {100 * f["micro_f1"]:.2f}'
+                         f'  macro-F1 {100 * f["macro_f1"]:.2f}'
+                         for q, f in enumerate(r['by_frequency'], 1)]
+    assert len(lines) == 1 + 1 + 3 + 4
+    assert p.read_text() == '{"labels": ["science", "physics", "optics", "arts"]}\n' * n
+
+
+def test_texts_json_lines_their_keys_orders_and_truncation_past_the_budget(fixed, tmp_path,
+                                                                           capsys):
+    """A JSON line per input line, its keys in order: the labels by depth, then in the tree's
+    order; a path of names per predicted label without a predicted descendant; every label's
+    score, in the tree's order; truncated: only past the budget (31 word-pieces: 'physics' is
+    one). A blank line, empty or spaces, is not scored."""
+    lines = [' '.join(['physics'] * 31), ' '.join(['physics'] * 32), '', '   ']
+    (tmp_path / 'in.txt').write_text('\n'.join(lines) + '\n')
+    evaluate.main(['--ckpt', str(fixed), '--texts', str(tmp_path / 'in.txt'), '--device', 'cpu'])
+    out, err = capsys.readouterr()
+    labels = data.load_demo(sizes=(0, 0, 0))[0].labels
+    rs = [json.loads(line) for line in out.splitlines()]
+    assert len(rs) == 4 and all(list(r) == ['labels', 'paths', 'scores', 'truncated'] for r in rs)
+    for r, truncated in zip(rs, (False, True)):
+        assert r['labels'] == ['science', 'arts', 'physics', 'optics']
+        assert r['paths'] == [['science', 'physics', 'optics'], ['arts']]
+        assert list(r['scores']) == labels and r['truncated'] == truncated
+        assert [v for v in labels if r['scores'][v] > 0] == PREDICTED
+    assert rs[2:] == [{'labels': [], 'paths': [], 'scores': {}, 'truncated': False}] * 2
+    assert err == '1 of 4 texts truncated to max_length 40\n'
+
+
+@pytest.fixture(scope='module')
+def other_labels(tmp_path_factory):
+    """A checkpoint whose labels are PARENTS', not the demo's."""
+    folder = tmp_path_factory.mktemp('other') / 'ck'
+    runs.save_checkpoint(str(folder), *tiny_model(lhmix.Hierarchy(PARENTS)), {})
+    return folder
 
 
 # One error line, the user's files unchanged; outputs never over what evaluate.py did not write,
@@ -84,6 +175,7 @@ def test_evaluate_reproduces_test_metrics_and_rescores_its_predictions(run, tmp_
         ('--save-predictions', '{t}/notes.txt', 'exists and is not an earlier --save-predictions'),
         ('--save-predictions', '{t}/e.json', 'exists and is not an earlier --save-predictions'),
         ('--out', '{r}/test_metrics.json', "is a train.py run's own file"),
+        ('--save-predictions', '{r}/metrics.jsonl', "is a train.py run's own file"),
         ('--out', '{r}/metrics.jsonl/e.json', '{r}/metrics.jsonl is a file, not a folder')]],
     (['--ckpt', '{c}', '--data', 'demo', '--out', '{t}'], '{t}: Is a directory'),
     (['--ckpt', '{r}', '--data', 'demo'], '{r}: a run, not a checkpoint: pass {r}/best'),
@@ -92,8 +184,11 @@ def test_evaluate_reproduces_test_metrics_and_rescores_its_predictions(run, tmp_
      "config.json, model.safetensors, such as a run's best/"),
     (['--ckpt', '{c}', '--texts', '{t}'], '{t}: Is a directory'),
     (['--ckpt', '{c}', '--texts', '{t}/no.txt'], '{t}/no.txt: No such file or directory'),
+    (['--ckpt', '{k}', '--data', 'demo'], '{k}: its labels differ from those of the data'),
+    (['--ckpt', '{t}/no', '--texts', '{t}/notes.txt'], '{t}/no: not an LH-Mix checkpoint (no '
+     'tokenizer.json, tokenizer_config.json, config.json, model.safetensors)'),
 ])
-def test_mistakes_end_in_one_error_line(run, tmp_path, monkeypatch, capsys, argv, message):
+def test_mistakes_end_in_one_error_line(run, other_labels, tmp_path, monkeypatch, argv, message):
     for name, text in (('notes.txt', 'keep me'), ('p.jsonl', '{"labels": []}\n'),
                        ('e.json', '{"micro_f1": 0.5, "macro_f1": 0.25}')):
         (tmp_path / name).write_text(text)
@@ -101,17 +196,28 @@ def test_mistakes_end_in_one_error_line(run, tmp_path, monkeypatch, capsys, argv
     before = tree_state(tmp_path), tree_state(run)
     if argv[4:5] in (['--out'], ['--save-predictions']):
         monkeypatch.setattr(data, 'load_data', lambda *a, **k: pytest.fail('computed first'))
-    fill = dict(t=tmp_path, c=run / 'best', r=run)
+    fill = dict(t=tmp_path, c=run / 'best', r=run, k=other_labels)
     msg = error_of(lambda: evaluate.main([a.format(**fill) for a in argv]))
     assert msg.startswith('error: ' + message.format(**fill)), msg
-    for argv, message in [(['--data', 'demo', '--texts', '-'], 'give --data (to score a split) '
-                           'or --texts (to classify), not both'),
-                          (['--data', 'demo', '--out', 'x', '--save-predictions', './x'],
-                           '--out and --save-predictions name one file: x')]:
-        with pytest.raises(SystemExit) as e:  # argparse's
-            evaluate.main(['--ckpt', str(run / 'best'), *argv])
-        assert e.value.code == 2 and capsys.readouterr().err.endswith(f'error: {message}\n')
     assert (tree_state(tmp_path), tree_state(run)) == before
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--data', 'demo', '--texts', '-'], 'give --data (to score a split) or --texts (to '
+     'classify), not both'),
+    ([], 'give --data (to score a split) or --texts (to classify), not both'),
+    (['--data', 'demo', '--out', 'x', '--save-predictions', './x'],
+     '--out and --save-predictions name one file: x'),
+    (['--data', 'demo', '--device', 'gpu'], 'argument --device: gpu: only ' + (
+        'cpu, cuda or cuda:N' if torch.cuda.is_available() else 'cpu (no CUDA GPU here)')),
+])
+def test_flag_mistakes_end_in_argparse_usage_and_one_error_line(tmp_path, monkeypatch, capsys,
+                                                                argv, message):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(['--ckpt', 'ck', *argv])
+    assert e.value.code == 2 and capsys.readouterr().err.endswith(f'error: {message}\n')
+    assert os.listdir(tmp_path) == []
 
 
 # --texts: one JSON line per input line

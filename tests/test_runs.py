@@ -1,6 +1,7 @@
 """Tests of runs.py's checkpoints: a round trip, no pickle and no code run, one line for each damage
-(naming the file), a kill during a save. The run folder's rules are tested through train.py in
-test_train.py. Expected values are the saved model's own outputs or worked by hand."""
+(naming the file), a kill during a save; of the run folder, what an --overwrite's replacement of an
+earlier run keeps and what a failed run leaves (its refusals are tested through train.py in
+test_train.py). Expected values are the saved model's own outputs or worked by hand."""
 import json
 import os
 import pickle
@@ -14,7 +15,7 @@ from safetensors.torch import load_file, safe_open, save_file
 import data
 import lhmix
 import runs
-from helpers import PARENTS, TEXTS, error, tiny
+from helpers import PARENTS, TEXTS, error, tiny, tree_state
 
 
 @pytest.fixture(scope='module')
@@ -146,3 +147,52 @@ def test_kill_during_save_leaves_the_old_checkpoint(saved, tmp_path, monkeypatch
     runs.save_checkpoint(str(tmp_path / 'new'), model, tok, {'epoch': 8})
     assert [runs.load_checkpoint(str(f))[2]['epoch'] for f in (folder, tmp_path / 'new')] == [8, 8]
     assert sorted(os.listdir(tmp_path / 'new')) == sorted(runs.CHECKPOINT)
+
+
+# The run folder: an --overwrite's first epoch in .new replaces the earlier run once it is whole
+
+# The files of a checkpoint, best/ or last/, by name.
+FILES = ['config.json', 'model.safetensors', 'tokenizer.json', 'tokenizer_config.json']
+
+
+@pytest.mark.parametrize('whole', [True, False])
+def test_settle_replaces_what_a_whole_epoch_in_new_holds_and_keeps_what_it_lacks(run, tmp_path,
+                                                                                 whole):
+    """An earlier finished run with the leftovers of killed saves, and in .new a first epoch as a
+    kill in the middle of its replacement leaves it: metrics.jsonl and last/ (best/ already moved,
+    here: the earlier run's stands for it). Whole (last/ has its weights): the earlier test figures
+    and leftovers go, best/ is kept, metrics.jsonl and last/ are .new's. A part (no weights): .new
+    goes and every earlier file stays."""
+    out = shutil.copytree(run, tmp_path / 'run')
+    for name in ('.test_metrics.json.tmp', 'best/.config.json.tmp', 'last/.model.safetensors.tmp'):
+        (out / name).write_text('half written')
+    (out / '.new').mkdir()
+    (out / '.new' / 'metrics.jsonl').write_text('{"epoch": 0}\n')
+    shutil.copytree(run / 'best', out / '.new' / 'last')  # bytes unlike the earlier last/'s
+    if not whole:
+        os.remove(out / '.new' / 'last' / 'model.safetensors')
+    before = tree_state(out)
+    runs.settle(str(out))
+    after = tree_state(out)
+    if not whole:
+        assert after == {k: v for k, v in before.items() if not k.startswith('.new')}
+        return
+    assert sorted(after) == ['best', *(f'best/{f}' for f in FILES), 'last',
+                             *(f'last/{f}' for f in FILES), 'metrics.jsonl']
+    assert before['.new/last/model.safetensors'] != before['last/model.safetensors']
+    for name in FILES:
+        assert after[f'best/{name}'] == before[f'best/{name}']
+        assert after[f'last/{name}'] == before[f'.new/last/{name}']
+    assert after['metrics.jsonl'] == before['.new/metrics.jsonl']
+
+
+def test_a_run_that_fails_before_its_first_save_leaves_nothing_of_its_own(tmp_path):
+    """A new run that wrote a file and then failed: its file goes, and so do the folders it made
+    (a/b/run, a/b, a), but not a folder that was there before it."""
+    (tmp_path / 'mine').mkdir()
+    for out in (tmp_path / 'a' / 'b' / 'run', tmp_path / 'mine'):
+        with pytest.raises(KeyboardInterrupt):
+            with runs.RunFolder(str(out)):
+                (out / 'metrics.jsonl').write_text('{"epoch": 0}\n')
+                raise KeyboardInterrupt
+        assert os.listdir(tmp_path) == ['mine'] and os.listdir(tmp_path / 'mine') == []

@@ -1,6 +1,7 @@
-"""Tests of train.py: demo runs end to end, flag and --out errors, the run folder (--overwrite,
---resume, one train.py at a time), interruptions (Ctrl-C, out of memory, disk full, a kill at any
-instant), CUDA graphs, the README.
+"""Tests of train.py: demo runs end to end, a label named by no word-piece, flag and --out errors,
+the run folder (--overwrite, --resume, one train.py at a time), interruptions (Ctrl-C, out of
+memory, disk full, a kill at any instant), the thread policy and imports that set nothing, CUDA
+graphs, the README.
 Expected values are computed here (F1 counted by hand) or are an uninterrupted run's; nothing is
 downloaded (the `tiny` BERT, the synthetic demo set or files in tmp_path)."""
 import ast
@@ -15,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +28,8 @@ import evaluate
 import lhmix
 import runs
 import train
-from helpers import FAST, PARENTS, error_of, read_metrics, tiny_model, tree_state, write_hiagm
+from helpers import (FAST, PARENTS, error_of, read_metrics, tiny_model, tree_state, write_hiagm,
+                     write_lines)
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository
 TIMING = ('seconds', 'samples_per_s')
@@ -104,6 +107,22 @@ def test_one_epoch_variants_and_dev_f1_by_hand(tmp_path, arch, mix, flags):
     tp, fp, fn = counts.sum(0)
     assert line['dev_micro_f1'] == pytest.approx(2 * tp / (2 * tp + fp + fn))
     assert line['dev_macro_f1'] == pytest.approx(sum(f1) / len(f1))
+
+
+def test_a_label_named_by_no_word_piece_is_named_in_one_warning_and_the_run_trains(tmp_path):
+    """A HiAGM folder whose label x/___ has the name '   ' (underscores read as spaces): one
+    warning names it, and only it, when the model is built; the run then trains and is tested."""
+    folder = write_hiagm(tmp_path / 'data')
+    write_lines(folder / 'toy.taxonomy', ['Root\tCCAT\tGCAT', 'CCAT\tC15\tC17', 'C15\tC151',
+                                          'GCAT\tx/___'])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        train.main(['--data', str(folder), '--model', 'tiny', '--device', 'cpu', '--epochs', '1',
+                    '--warmup-epochs', '0', '--out', str(tmp_path / 'run')])
+    assert [str(w.message) for w in caught if w.filename == lhmix.__file__] == [
+        "labels ['x/___']: their names have no word-piece but [UNK], so they start as [UNK] and "
+        'are [UNK] alike in local hierarchies: name them (Hierarchy(parents, names))']
+    assert len(read_metrics(tmp_path / 'run')) == 1 and is_whole_run(tmp_path / 'run')
 
 
 # What a run draws: its training documents, batches, Mixup partners and ratios, MLM masks
@@ -341,7 +360,18 @@ def make_out(kind, tmp_path, run):
         out.write_text('mine')
     elif kind.startswith('run'):  # with a file train.py did not write
         shutil.copytree(run, out)
+        (out / kind[4:]).parent.mkdir(exist_ok=True)
         (out / kind[4:]).write_text('mine')
+    elif kind == 'whole .new':  # and an --overwrite's whole first epoch, killed as it replaced
+        shutil.copytree(run, out)
+        shutil.copytree(run / 'last', out / '.new' / 'last')
+        (out / '.new' / 'notes.txt').write_text('mine')
+    elif kind in ('a link in .new', '.new, linked out'):
+        shutil.copytree(run, out)
+        (tmp_path / 'keep').mkdir()
+        link = out / '.new' / 'best' if kind == 'a link in .new' else out / '.new'
+        link.parent.mkdir(exist_ok=True)
+        link.symlink_to(tmp_path / 'keep')
     elif kind in ('locked', 'saved no epoch'):  # another train.py holds it; a killed first save
         shutil.copytree(run, out)
         if kind == 'saved no epoch':
@@ -356,22 +386,32 @@ def make_out(kind, tmp_path, run):
     return {'under a file': out / 'x', 'the repository': ROOT}.get(kind, out)
 
 
+OTHER = 'is not a file train.py writes; move it away, or choose another --out'
+
+
 @pytest.mark.parametrize('kind, flags, message', [
-    ('notes', [], '--out {out}: holds no train.py run (it holds notes.txt...); choose another'),
+    ('notes', [], '--out {out}: {out}/notes.txt ' + OTHER),
     ('notes', ['--resume'], '--resume: {out} holds no run to continue'),
-    ('look-alike', ['--overwrite'], '--overwrite: {out}/best/pytorch_model.bin is not a file '
-     'train.py writes; nothing is deleted while it is there'),
-    ('look-alike', [], '--out {out}: holds no train.py run (it holds best, last, metrics.jsonl'),
+    *[('look-alike', flags, '--out {out}: {out}/best/pytorch_model.bin ' + OTHER)
+      for flags in ([], ['--overwrite'])],
     ('file', ['--overwrite'], '--out {out}: {out} is a file, not a folder'),
     ('under a file', [], '--out {out}: {tmp}/out is a file, not a folder'),
     ('dangling link', [], '--out {out}: a symbolic link to nothing ({tmp}/gone)'),
     ('nothing', ['--resume'], '--resume: {out} holds no run to continue'),
     ('run/e.json', [], '--out {out}: holds an earlier run; continue it with --resume, replace it '
      'with --overwrite, or choose another --out'),
-    ('run/e.json', ['--overwrite'], '--overwrite: {out}/e.json is not a file train.py writes; '
-     'nothing is deleted while it is there'),
-    ('run/last/notes.txt', ['--overwrite'], '--overwrite: {out}/last/notes.txt is not a file'),
-    ('the repository', ['--overwrite'], '--overwrite: {out}/.'),  # .ci, .git, ...
+    ('run/e.json', ['--overwrite'], '--out {out}: {out}/e.json ' + OTHER),
+    ('run/last/notes.txt', ['--overwrite'], '--out {out}: {out}/last/notes.txt ' + OTHER),
+    ('the repository', ['--overwrite'], '--out {out}: {out}/.'),  # .ci, .git, ...
+    # a file of the user's where --overwrite writes its first epoch: nothing is finished or
+    # deleted around it, whether the epoch there is a part (killed while writing) or whole
+    *[(kind, flags, '--out {out}: {out}/.new/notes.txt ' + OTHER)
+      for kind in ('run/.new/notes.txt', 'whole .new') for flags in ([], ['--resume'],
+                                                                     ['--overwrite'])],
+    ('a link in .new', ['--resume'], '--out {out}: {out}/.new/best ' + OTHER),  # a whole epoch's
+    # best/ would move through it, a part's be deleted through it
+    ('.new, linked out', [], '--out {out}: {out}/.new is a symbolic link (to {tmp}/keep); '
+     'train.py neither writes nor deletes through links in a run folder'),
     ('saved no epoch', [], '--out {out}: holds a train.py run that saved no epoch or is damaged '
      "(FileNotFoundError: [Errno 2] No such file or directory: '{out}/last/model.safetensors'); "
      'replace it with --overwrite, or choose another --out'),
@@ -789,6 +829,48 @@ def test_a_kill_at_any_rename_leaves_loadable_checkpoints_and_the_next_run_clean
             assert results(out)[1]['args']['seed'] == 1  # the new run's
         assert os.listdir(out.parent) == ['run'] and is_whole_run(out)
         assert [m['epoch'] for m in read_metrics(out)] == [0, 1]
+
+
+# The thread policy, only where train.py runs as a script; importing our modules sets nothing
+
+POLICY = """import contextlib, importlib, io, json, os, runpy, sys
+changed = {}
+for name in ('lhmix', 'data', 'runs', 'evaluate', 'train', 'tools.summary', 'tools.claims',
+             'tools.plot', 'tools.similar', 'tools.bench', 'tools.paper'):
+    before = dict(os.environ)
+    importlib.import_module(name)
+    changed[name] = sorted(k for k in before.keys() | os.environ.keys()
+                           if before.get(k) != os.environ.get(k))
+policy = []
+for given in json.loads(sys.argv[1]):  # the user's own settings
+    for k in ('OMP_WAIT_POLICY', 'GOMP_SPINCOUNT'):
+        os.environ.pop(k, None)
+    os.environ.update(given)
+    sys.argv = ['train.py', '-h']
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+        runpy.run_path('train.py', run_name='__main__')
+    policy.append({k: os.environ.get(k) for k in ('OMP_WAIT_POLICY', 'GOMP_SPINCOUNT')})
+print(json.dumps([changed, policy]))
+"""
+
+
+def test_thread_policy_gives_way_to_the_users_and_imports_change_no_environment():
+    """In a process whose environment has neither variable: importing lhmix, data, runs, evaluate,
+    train and each tool changes no environment variable. train.py run as a script sets
+    GOMP_SPINCOUNT=1000 (OpenMP threads spin briefly, then sleep) where the user set neither
+    OMP_WAIT_POLICY nor GOMP_SPINCOUNT, and otherwise leaves the user's setting as it is."""
+    cases = [{}, {'OMP_WAIT_POLICY': 'ACTIVE'}, {'GOMP_SPINCOUNT': '5'},
+             {'OMP_WAIT_POLICY': 'PASSIVE', 'GOMP_SPINCOUNT': '0'}]
+    env = {k: v for k, v in os.environ.items() if k not in ('OMP_WAIT_POLICY', 'GOMP_SPINCOUNT')}
+    p = subprocess.run([sys.executable, '-c', POLICY, json.dumps(cases)], capture_output=True,
+                       text=True, cwd=ROOT, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    changed, policy = json.loads(p.stdout.splitlines()[-1])
+    assert changed == {name: [] for name in changed} and len(changed) == 11, changed
+    assert policy == [{'OMP_WAIT_POLICY': None, 'GOMP_SPINCOUNT': '1000'},
+                      {'OMP_WAIT_POLICY': 'ACTIVE', 'GOMP_SPINCOUNT': None},
+                      {'OMP_WAIT_POLICY': None, 'GOMP_SPINCOUNT': '5'},
+                      {'OMP_WAIT_POLICY': 'PASSIVE', 'GOMP_SPINCOUNT': '0'}]
 
 
 # One step: a weight that a step leaves unused still moves by Adam's momentum, as with gradient 0
