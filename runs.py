@@ -181,6 +181,12 @@ class RunFolder:
             self.made, up = self.made + [up], os.path.dirname(up)
         os.makedirs(self.path, exist_ok=True)
         self.fd = os.open(self.path, os.O_RDONLY)
+        try:  # Refused before the clean-up below, which would remove the holder's folders.
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            raise ValueError(f'--out {out}: another train.py is using this folder; let it end, '
+                             'or choose another --out') from None
         try:
             self.replacing = self._check(resume, overwrite)
         except BaseException:
@@ -189,13 +195,7 @@ class RunFolder:
         self.saved = resume  # Until this run saves an epoch, a failure deletes what it wrote.
 
     def _check(self, resume, overwrite):
-        """Locks --out, then refuses it as it is, or says whether an earlier run is to be
-        replaced."""
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ValueError(f'--out {self.name}: another train.py is using this folder; let it '
-                             'end, or choose another --out') from None
+        """Refuses --out as it is, or says whether an earlier run is to be replaced."""
         # A link would have the run write or delete outside --out, in the user's own files.
         link = next((n for n in (NEW,) + OURS if os.path.islink(os.path.join(self.path, n))), None)
         if link:

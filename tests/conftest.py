@@ -6,10 +6,13 @@ import os
 import sys
 
 import pytest
+import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ['HF_HUB_OFFLINE'] = '1'  # never reach the hub, whatever a test does
 os.environ['TRANSFORMERS_OFFLINE'] = '1'
+# The GPU's tests are collected where there is one: on a CPU, nothing is skipped for want of it.
+collect_ignore = [] if torch.cuda.is_available() else ['test_gpu.py']
 
 
 @pytest.fixture(scope='session')

@@ -122,3 +122,12 @@ def error_of(call):
     msg = e.value.code
     assert isinstance(msg, str) and msg.startswith('error: ') and '\n' not in msg, msg
     return msg
+
+
+def is_whole_run(out):
+    """Exactly a finished run's files, every checkpoint loadable."""
+    files = sorted(os.path.relpath(os.path.join(r, f), out) for r, _, fs in os.walk(out)
+                   for f in fs)
+    for name in ('best', 'last'):
+        runs.load_checkpoint(str(out / name))
+    return files == sorted(runs.RUN)

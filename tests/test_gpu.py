@@ -1,0 +1,66 @@
+"""train.py's GPU path, collected only where torch sees a CUDA GPU (conftest.py): a run and its
+resumption on the GPU, whose CPU twins are test_train.py's demo runs, and CUDA-graphed steps against
+eager ones, which have no CPU twin."""
+import copy
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+import lhmix
+import train
+from helpers import PARENTS, is_whole_run, read_metrics, tiny_model
+
+
+# CUDA graphs: steps replayed from graphs give the eager numbers
+
+def _run_steps(model, docs, labels, ids, device, mix, graphs, steps=10):
+    """train.py's step over two epochs' batches, LH-Mix's lambda from the model's table."""
+    rng = np.random.default_rng(1)
+    opt, scaler = train.make_optimizer(model, 1e-3, graphs)
+    step = functools.partial(train.train_step, model, opt, scaler)
+    step = lhmix.CUDAGraphs(step) if graphs else step
+    model.train()
+    losses = []
+    for idx, partner in (lhmix.train_batches([len(d) for d in docs], 8, rng, mix) * 2)[:steps]:
+        b = lhmix.make_batch(model, [docs[i] for i in idx], [labels[i] for i in idx], rng, 0.15,
+                             for_cuda_graphs=graphs, pack=mix)
+        if mix:
+            b['partner'], b['hierarchy_ids'] = torch.from_numpy(partner), torch.from_numpy(ids[idx])
+        loss, lam = step(lhmix.to_device(b, device))
+        losses.append(loss.item())
+    return losses, step
+
+
+def test_a_run_on_the_gpu_and_its_resumption(tmp_path):
+    """LH-Mix with Mixup from the first epoch on the GPU (graphed steps where CUDA graphs run, the
+    local hierarchies' table on the GPU), then resumed there: train.py's device path end to end."""
+    argv = ['--data', 'demo', '--model', 'tiny', '--device', 'cuda', '--train-fraction', '0.05',
+            '--warmup-epochs', '0', '--out', str(tmp_path / 'run')]
+    train.main(argv + ['--epochs', '1'])
+    train.main(argv + ['--epochs', '2', '--resume'])
+    assert [m['mix'] for m in read_metrics(tmp_path / 'run')] == [True, True]
+    assert is_whole_run(tmp_path / 'run')
+
+
+@pytest.mark.parametrize('mix', [False, True])
+def test_cuda_graph_steps_match_eager_on_gpu_bf16(mix):
+    device = torch.device('cuda')
+    if lhmix.cuda_graphs_unavailable(device):
+        pytest.skip(lhmix.cuda_graphs_unavailable(device))
+    torch.manual_seed(0)
+    model, _ = tiny_model(lhmix.Hierarchy(PARENTS))
+    for m in model.modules():  # no dropout: the two runs draw no random masks
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    lhmix.use_local_hierarchies(model.to(device), torch.randn(4, 32), 1.0, 0.75)
+    twin = copy.deepcopy(model)
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(5, model.base_vocab, int(k)) for k in rng.integers(18, 40, 48)]
+    labels = [[0, 2], [1, 4], [0, 3], [1, 5]] * 12
+    ids = np.arange(48) % 4  # each document's local hierarchy
+    graphed, step = _run_steps(twin, docs, labels, ids, device, mix, graphs=True)
+    eager, _ = _run_steps(model, docs, labels, ids, device, mix, graphs=False)
+    assert 1 <= len(step.graphs) <= 6  # captured once per batch shape (packed: one), replayed
+    assert graphed == pytest.approx(eager, rel=2e-2, abs=2e-2)  # bf16 autocast
