@@ -196,3 +196,17 @@ def test_a_run_that_fails_before_its_first_save_leaves_nothing_of_its_own(tmp_pa
                 (out / 'metrics.jsonl').write_text('{"epoch": 0}\n')
                 raise KeyboardInterrupt
         assert os.listdir(tmp_path) == ['mine'] and os.listdir(tmp_path / 'mine') == []
+
+
+def test_the_digest_that_resume_checks_covers_the_labels_the_tree_and_every_split():
+    """--resume refuses data whose labels, tree or documents are not the run's: the digest it
+    compares changes with each of them, and is the same for the same data built again."""
+    splits = {'train': [('a b', [0])], 'dev': [('c', [1])], 'test': [('d', [0, 2])]}
+    tree = {'x': None, 'y': None, 'z': 'x'}
+    base = runs.digest(lhmix.Hierarchy(tree), splits)
+    assert runs.digest(lhmix.Hierarchy(dict(tree)), json.loads(json.dumps(splits))) == base
+    changed = [runs.digest(lhmix.Hierarchy({**tree, 'z': 'y'}), splits),  # the same labels
+               runs.digest(lhmix.Hierarchy({'x': None, 'y': None, 'w': 'x'}), splits),
+               runs.digest(lhmix.Hierarchy(tree), {**splits, 'dev': [('c', [0])]}),
+               runs.digest(lhmix.Hierarchy(tree), {**splits, 'test': [('d e', [0, 2])]})]
+    assert len({base, *changed}) == 5
