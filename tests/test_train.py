@@ -289,6 +289,16 @@ def test_help_shows_each_default_its_source_and_range(capsys):
         assert flag in help, help
 
 
+def test_defaults_are_the_papers_or_else_the_authors_command():
+    """Sec. 5.2's bert-base-uncased, learning rate 3e-5, 5 warm-up epochs and early stopping after
+    5; where the paper is silent, the authors' README command (alpha 1, beta 0.75, batch 16) and
+    HPT's 512 tokens; LH-Mix on the prompt, with HPT's MLM term, on all the training data."""
+    args, _ = train.parse(['--data', 'wos'])
+    assert ((args.model, args.lr, args.warmup_epochs, args.early_stop, args.alpha, args.beta,
+             args.batch, args.max_length, args.arch, args.mix, args.no_mlm, args.train_fraction)
+            == ('bert-base-uncased', 3e-5, 5, 5, 1.0, 0.75, 16, 512, 'prompt', 'lhmix', False, 1.0))
+
+
 @pytest.mark.parametrize('argv, message', [
     (['--data', '{t}/data', '--model', 'tiny', '--device', 'cpu'],
      '{t}/data/toy_val.json:3: malformed JSON'),
