@@ -105,7 +105,8 @@ def test_zmlce_and_refs_by_hand():
 # float64 (and the authors' form) on plain rows and on (B, D, V) rows with targets broadcast over
 # depths and valid over the batch; half precision on the CPU; the fused CUDA kernel (with a GPU)
 # The CUDA cases exist where a CUDA GPU and Triton do (on a CPU, nothing is skipped for want of
-# them); the cpu cases beside them, and the fused kernel under Triton's interpreter, are their twins.
+# them); the cpu cases beside them, and the fused kernel under Triton's interpreter, are their
+# twins.
 CUDA = torch.cuda.is_available() and lhmix.triton is not None
 CASES = ([('cpu', torch.float64, 1e-12, *shapes) for shapes in (
     ((5, 7), (5, 7), None), ((5, 7), (5, 7), (5, 7)), ((3, 2, 6), (3, 1, 6), (2, 6)),

@@ -163,7 +163,8 @@ TERMS = {
         ('the mixing', 'lhmix.py mix_hidden', 'torch.lerp(h_j.float(), h_i.float(), lam)'),
         ("h_i and the partner's h_j", 'lhmix.py training_loss', 'mix_hidden(h, h[partner], lam)')],
     'Eq. 6': [('the mixed states scored', 'lhmix.py training_loss', 'p = model.score(h)'),
-              ('the verbalizer', 'lhmix.py LHMix.score', 'self.transform(slot_hidden) @ verbalizer')],
+              ('the verbalizer', 'lhmix.py LHMix.score',
+               'self.transform(slot_hidden) @ verbalizer')],
     'Eq. 7': [
         ("each pair's lambda", 'lhmix.py training_loss', 'w = lam.float()[:, None]'),
         ('the two losses mixed', 'lhmix.py training_loss',

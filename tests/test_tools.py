@@ -142,7 +142,44 @@ def test_summary_each_lists_every_run_once_in_the_order_given(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         summary.main(['--each', '--predictions', 'p.jsonl', '--data', 'demo'])
     assert e.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(
-        'error: --each lists run folders, not predictions')
+        'error: --each takes run folders, not predictions')
+
+
+# Dev macro-F1 per epoch, at --early-stop 2, and whether the run stopped on one epoch's rise: with
+# its best epoch's value put back to the epoch's before, would a later epoch have been the best?
+STOPS = [([10, 20, 30, 25, 26], True),   # 30 -> 20: 26 is the best, 0 epochs since
+         ([10, 30, 25, 22], True),       # 30 -> 10: 25 is the best, 1 epoch since
+         ([20, 30, 15, 12], False),      # 30 -> 20: epoch 0 is the best, 3 epochs since
+         ([10, 20, 30, 30, 20], True),   # the first 30 is the best (train.py's rule)
+         ([10, 20, 30], False),          # not stopped early: it ran its --epochs
+         ([30, 20, 10], False)]          # the best is the first epoch: nothing before it
+
+
+def test_summary_stops_counts_runs_stopped_on_one_epochs_rise_and_r_by_hand(tmp_path, capsys):
+    for dev, want in STOPS:
+        assert summary.stopped_on_one_epoch([{'dev_macro_f1': x} for x in dev], 2) is want
+    folders = [fake_run(tmp_path / f'a{i}', 70, macro, history=[(x, 50, None) for x in dev],
+                        best=int(np.argmax(dev)), early_stop=2)
+               for i, ((dev, _), macro) in enumerate(zip(STOPS, (41, 42.5, 40, 44, 45, 39)))]
+    folders += [fake_run(tmp_path / f'b{i}', 70, macro, history=[(40, 50, None)] * 9, best=8 - i,
+                         early_stop=2, mix='none') for i, macro in enumerate((40, 50))]
+    summary.main(['--stops', *folders])
+    best, macro = [2, 1, 1, 2, 2, 0], [41, 42.5, 40, 44, 45, 39]
+    m_b, m_f = sum(best) / 6, sum(macro) / 6
+    sxy = sum((b - m_b) * (f - m_f) for b, f in zip(best, macro))
+    sxx, syy = (sum((x - m) ** 2 for x in xs) for xs, m in ((best, m_b), (macro, m_f)))
+    r, sd = sxy / math.sqrt(sxx * syy), math.sqrt(syy / 5)
+    assert capsys.readouterr().out.splitlines() == [
+        "| setting | n | epochs trained | stopped on one epoch's rise | test macro-F1 (%), sd | "
+        'r: best dev epoch, test macro-F1 | r² |',
+        '| --- | --- | --- | --- | --- | --- | --- |',
+        f'| Prompt + LH-Mix | 6 | 3–5 | 3 | {sd:.2f} | {r:+.2f} | {r * r:.2f} |',
+        f'| Prompt | 2 | 9–9 | 0 | {math.sqrt(50):.2f} |  |  |', '',
+        "3 of the 8 runs stopped on one epoch's rise."]
+    (tmp_path / 'b0' / runs.METRICS).write_text('{"epoch": 0')
+    assert error_of(lambda: summary.main(['--stops', *folders])) == (
+        f'error: {tmp_path}/b0/metrics.jsonl: not a finished train.py run '
+        "(JSONDecodeError(\"Expecting ',' delimiter: line 1 column 12 (char 11)\"))")
 
 
 def test_fake_runs_have_the_files_and_keys_of_train_pys_runs(run, tmp_path):
@@ -711,6 +748,72 @@ def test_the_claims_tables_against_scipy_and_holm_by_hand(ablation, capsys):
 def first_lines(tables):
     """{claim: its first line} of each table."""
     return [{line['claim']: line for line in reversed(table)} for table in tables]
+
+
+def test_a_rerun_its_spread_by_seed_and_the_verdicts_it_changes(ablation, tmp_path, capsys):
+    """BERT made again at its two seeds, 6 to 8 points lower and nearly alike: its spread by hand
+    and by scipy, and every verdict that changes, read from the claims tables of the runs with the
+    rerun in place of BERT's first runs."""
+    from scipy.stats import ttest_1samp
+    first = sorted(ablation.iterdir())
+    again = [record(tmp_path / 'again' / f'bert-s{s}', micro, macro, seed=s, arch='bert')
+             for s, micro, macro in ((1, 60.2, 34.2), (0, 60, 34))]  # in this order: seeds 1, 0
+    _, before = claims_out(first, capsys)
+    _, after = claims_out([f for f in first if not f.name.startswith('bert-s')] + again, capsys)
+    claims.main([*map(str, first), '--rerun', *map(str, again)])
+    out = capsys.readouterr().out
+    claims.main(map(str, first))
+    assert out.startswith(capsys.readouterr().out)  # the tables, then the rerun
+    a, b = np.array([[66, 36], [68, 38]]), np.array([[60, 34], [60.2, 34.2]])  # by seed
+    d = b - a
+    ci = ttest_1samp(d, 0).confidence_interval(0.95)
+    rows = [f'| {m} | {a[:, i].mean():.2f} ± {a[:, i].std(ddof=1):.2f} | {b[:, i].mean():.2f} ± '
+            f'{b[:, i].std(ddof=1):.2f} | {d[:, i].mean():+.2f} [{ci.low[i]:+.2f}, '
+            f'{ci.high[i]:+.2f}] | {abs(d[0, i] - d[1, i]) / 2:.2f} |'
+            for i, m in enumerate(('micro-F1', 'macro-F1'))]  # sd of two: |difference| / sqrt 2
+    def verdicts(tables):  # {(table, comparison): the line}
+        return {(i, line['comparison']): line for i, lines in enumerate(tables) for line in lines}
+    was, now = verdicts(before), verdicts(after)
+    assert [k for k in was if was[k]['verdict per measure'] != now[k]['verdict per measure']] == [
+        (0, 'Prompt − BERT')]  # the records were made for this line alone to change
+    lines = [was[0, 'Prompt − BERT'], now[0, 'Prompt − BERT']]
+    assert [line['verdict per measure'] for line in lines] == [
+        'inconclusive / inconclusive', 'supported / inconclusive (Holm)']
+    def cell(line, i):  # one measure's: verdict: difference, Holm's p
+        verdict, difference, p = (line[k].split(' / ')[i] for k in (
+            'verdict per measure', 'difference [95% interval]', "Holm's p"))
+        return f"{verdict}: {difference.split(' [')[0]}, Holm's p {p}"
+    changed = [["The paper's claims", 'Prompt − BERT', measure, *(cell(line, i) for line in lines)]
+               for i, measure in enumerate(('micro-F1', 'macro-F1'))]
+    assert out.split('\n\n')[-4:] == [
+        '**The rerun** of BERT, 100% of the training data: its 2 runs made again at their seeds, '
+        'the same command; a row per measure (test F1, points; mean ± sd over the seeds):',
+        '\n'.join(['| measure | first runs | rerun | rerun − first, paired by seed [95% interval] '
+                   '| sd of one run, from the pairs |', '| --- | --- | --- | --- | --- |', *rows]),
+        'With the rerun in place of the first runs of BERT, 100% of the training data, 1 '
+        'verdict of a measure changes its word (supported, contradicted, inconclusive); 2 lines '
+        'change, with "(Holm)" where only the unadjusted interval clears 0:',
+        '\n'.join(['| table | comparison | measure | verdict with the first runs | with the '
+                   'rerun |', '| --- | --- | --- | --- | --- |',
+                   *('| ' + ' | '.join(c) + ' |' for c in changed)]) + '\n']
+    # the same figures again change nothing; refused: no such setting, other seeds, the same runs
+    same = [shutil.copytree(ablation / f'bert-s{i}', tmp_path / 'same' / f'bert-s{i}')
+            for i in (0, 1)]
+    claims.main([*map(str, first), '--rerun', *map(str, same)])
+    assert capsys.readouterr().out.endswith(
+        'With the rerun in place of the first runs of BERT, 100% of the training data, no verdict '
+        'of a measure changes its word (supported, contradicted, inconclusive).\n')
+    other = record(tmp_path / 'other' / 's0', 60, 30, seed=0, lr=3e-5)
+    assert error_of(lambda: claims.main([*map(str, first), '--rerun', str(other)])) == (
+        'error: --rerun takes the runs of one setting of the runs given (their train.py arguments '
+        'but the seed): no run given has its')
+    assert error_of(lambda: claims.main([*map(str, first), '--rerun', str(again[0])])) == (
+        'error: --rerun needs the seeds of the first runs, once each: the first runs have seeds '
+        '0, 1; the rerun has seeds 1')
+    assert error_of(lambda: claims.main([*map(str, first), '--rerun', str(ablation / 'bert-s0'),
+                                         str(again[0])])) == (
+        f'error: --rerun takes runs made again, apart from the runs given: {ablation}/bert-s0 is '
+        'both')
 
 
 @pytest.mark.parametrize('data, grid, verdicts', [

@@ -3,6 +3,7 @@
 verdict; then, apart, our own tests, which the paper does not make.
 
     python -m tools.claims results/records/*/*
+    python -m tools.claims results/records/table3/* --rerun results/records/rerun/*
 
 Runs are told apart by their arguments (test_metrics.json's), never by their folders' names.
 Prompt and BERT are --arch prompt and bert with --mix none; + Mixup is --mix mixup; + LH-Mix is
@@ -47,6 +48,12 @@ inconclusive where they agree, 'partly' where they differ. 'Cannot be tested her
 needs models or data sets that are not here, or the runs given lack a setting that it needs (two
 runs or more each); the line says which, and what it measured all the same (outside Holm's
 families).
+
+A rerun (--rerun: one setting's runs made again at the seeds of its runs given): per measure, each
+set's mean and sd, the mean of the same-seed differences with its interval (paired by seed), and
+the sd of one run that the pairs imply, sd(differences) / sqrt(2) (a pair's two runs differ by
+two independent draws); then every line whose verdict of a measure changes with the rerun in
+place of the first runs, each table measured and corrected again.
 """
 import argparse
 import json
@@ -76,6 +83,7 @@ TABLE3 = {
                 'Prompt + Mixup': (87.45, 71.39), 'Prompt + LH-Mix': (87.47, 71.93)}}
 F1 = ('micro_f1', 'macro_f1')
 RELATED = tuple(f'relatives among the {k} nearest' for k in K)  # Fig. 6's measures
+WORDS = {'micro_f1': 'micro-F1', 'macro_f1': 'macro-F1'}  # the measures in the text
 LEVEL, POWER = 0.05, 0.8  # two-sided; the power at which 'detectable' is read
 
 
@@ -425,9 +433,8 @@ def overall(verdicts):
     return words.pop() if len(words) == 1 else 'partly'
 
 
-def table(first, rows, r):
-    """Prints a table of the claims `rows` (claim, the paper, tests(r)), a line per test, Holm's
-    correction over its tests; returns each row's (tests, why they cannot be tested or '')."""
+def measure(rows, r):
+    """Each row's (tests, why it cannot be tested or ''), Holm's correction over all its tests."""
     measured = []
     for _, _, tests in rows:
         try:
@@ -435,6 +442,11 @@ def table(first, rows, r):
         except Untestable as e:
             measured.append((list(e.tests), f'cannot be tested here: {e}'))
     correct([test for tests, _ in measured for test in tests])
+    return measured
+
+
+def table(first, rows, measured):
+    """Prints a table of the claims `rows` (claim, the paper, tests), a line per measured test."""
     head = [first, 'the paper', 'comparison', 'test', 'difference [95% interval]', "Holm's p",
             'detectable', 'verdict per measure', 'verdict']
     print(markdown(head) + '\n' + markdown(['---'] * len(head)))
@@ -444,7 +456,63 @@ def table(first, rows, r):
             verdicts = [] if why else test.verdicts()
             print(markdown(cells + ([why, ''] if why else [' / '.join(verdicts),
                                                             overall(verdicts)])))
-    return measured
+
+
+def rerun_of(r, folders):
+    """The setting of the runs `folders` made again, among r's: (its first runs, the rerun), each
+    test_metrics.json by seed, each seed once in both."""
+    again = settings(folders)
+    first = [s for s in r.groups if s.args == again[0].args]
+    if len(again) > 1 or not first:
+        raise ValueError('--rerun takes the runs of one setting of the runs given (their train.py '
+                         'arguments but the seed): ' + (f'it has {len(again)} settings' if
+                                                        len(again) > 1 else 'no run given has its'))
+    if set(again[0].folders) & set(first[0].folders):
+        raise ValueError('--rerun takes runs made again, apart from the runs given: '
+                         f'{sorted(set(again[0].folders) & set(first[0].folders))[0]} is both')
+    pair = [sorted(s.tests, key=lambda t: t['args']['seed']) for s in (first[0], again[0])]
+    seeds = [[t['args']['seed'] for t in p] for p in pair]
+    if seeds[0] != seeds[1] or len(set(seeds[0])) < len(seeds[0]):
+        raise ValueError('--rerun needs the seeds of the first runs, once each: ' + '; '.join(
+            f'{which} seeds ' + ', '.join(map(str, s))
+            for which, s in zip(('the first runs have', 'the rerun has'), seeds)))
+    return first[0], pair
+
+
+def rerun(first, pair, tables, again):
+    """Prints the rerun's spread seed by seed against its first runs, then each verdict of the
+    tables (each (title, rows, measured)) that changes with the rerun in place of the first runs
+    (`again`: the tables so measured)."""
+    (a, b), name = (f1(p) for p in pair), first.name
+    same = paired_test('rerun − first', b - a)
+    lo, hi = same.interval()
+    head = ['measure', 'first runs', 'rerun', 'rerun − first, paired by seed [95% interval]',
+            'sd of one run, from the pairs']
+    print(f'\n**The rerun** of {name}: its {len(a)} runs made again at their seeds, the same '
+          'command; a row per measure (test F1, points; mean ± sd over the seeds):\n\n'
+          + markdown(head) + '\n' + markdown(['---'] * len(head)))
+    for i, m in enumerate(F1):
+        print(markdown([WORDS[m], *(f'{x[:, i].mean():.2f} ± {x[:, i].std(ddof=1):.2f}'
+                                    for x in (a, b)),
+                        f'{same.value[i]:+.2f} [{lo[i]:+.2f}, {hi[i]:+.2f}]',
+                        f'{(b - a)[:, i].std(ddof=1) / np.sqrt(2):.2f}']))
+    changed = [(was, now, [title, test.what, WORDS.get(m, m), *(
+        f"{v}: {t.value[i]:+.2f}, Holm's p {t.holm[i]:.2g}" for t, v in ((test, was),
+                                                                         (later, now)))])
+        for (title, _, measured), (_, _, measured_again) in zip(tables, again)
+        for (tests, why), (tests_again, _) in zip(measured, measured_again) if not why
+        for test, later in zip(tests, tests_again)
+        for i, (m, was, now) in enumerate(zip(test.measures, test.verdicts(), later.verdicts()))
+        if was != now]
+    words = sum(was.split()[0] != now.split()[0] for was, now, _ in changed)
+    print(f'\nWith the rerun in place of the first runs of {name}, {words or "no"} verdict'
+          f'{"s" * (words > 1)} of a measure change{"s" * (words < 2)} its word (supported, '
+          'contradicted, inconclusive)' + (
+              f'; {len(changed)} lines change, with "(Holm)" where only the unadjusted interval '
+              'clears 0:\n\n' + '\n'.join(map(markdown, [
+                  ['table', 'comparison', 'measure', 'verdict with the first runs',
+                   'with the rerun'], ['---'] * 5, *(line for *_, line in changed)]))
+              if changed else '.'))
 
 
 def claims(args):
@@ -453,6 +521,13 @@ def claims(args):
     except ImportError:
         raise ValueError('tools/claims.py needs scipy: pip install scipy') from None
     r = Runs(args.runs, args.alpha, args.beta)
+    rows = (("The paper's claims", 'claim', PAPER), ('Our own tests', 'our test', OURS))
+    tables = [(title, rows_, measure(rows_, r)) for title, _, rows_ in rows]
+    if args.rerun:  # the first runs' folders out, the rerun's in
+        first, pair = rerun_of(r, args.rerun)
+        r_again = Runs([f for s in r.groups if s is not first for f in s.folders] + args.rerun,
+                       args.alpha, args.beta)
+        again = [(title, rows_, measure(rows_, r_again)) for title, _, rows_ in rows]
     n = sum(len(s.folders) for s in r.groups)
     print(f"The claims of the paper's Sec. 5 against {n} runs of --data {r.data}, then our own "
           'tests, apart. A line is one comparison; a / b: test micro- and macro-F1, in points, '
@@ -462,11 +537,13 @@ def claims(args):
           "p < 0.05 and the difference has the paper's sign (the other), else inconclusive, "
           "'(Holm)' where the interval alone clears 0; a line's verdict: partly where its "
           "measures differ. The paper's figures give no numbers in its text. The rules, the tests "
-          "and how runs are chosen: tools/claims.py.\n\n**The paper's claims**, in its words:\n")
-    table('claim', PAPER, r)
-    print('\n**Our own tests**, not claims of the paper:\n')
+          "and how runs are chosen: tools/claims.py.")
+    for (title, first_column, rows_), (_, _, measured) in zip(rows, tables):
+        print(f'\n**{title}**' + (', in its words:' if rows_ is PAPER else
+                                   ', not claims of the paper:') + '\n')
+        table(first_column, rows_, measured)
     said = []
-    for f, (tests, why) in zip(SHARES, table('our test', OURS, r)):  # the control's lines first
+    for f, (tests, why) in zip(SHARES, tables[1][2]):  # the control's lines first
         if not why:
             (lo_micro, hi_micro), (lo, hi) = zip(*tests[0].interval())
             said.append(f'{"With all the data" if f == 1 else f"At {100 * f:g}% of the data"}, '
@@ -475,6 +552,8 @@ def claims(args):
                         f'{hi_micro:+.2f}).')
     if said:
         print('\n' + ' '.join(said))
+    if args.rerun:
+        rerun(first, pair, tables, again)
 
 
 def main(argv=None):
@@ -486,6 +565,9 @@ def main(argv=None):
                    help="+ LH-Mix's --alpha (Eq. 4; default: train.py's, %(default)s)")
     p.add_argument('--beta', type=float, default=DEFAULT.beta,
                    help="+ LH-Mix's --beta (Eq. 4; default: train.py's, %(default)s)")
+    p.add_argument('--rerun', nargs='+', metavar='RUN', default=[],
+                   help='the runs of one setting made again at its seeds: their spread against '
+                   'the first runs, and the verdicts that change with them in their place')
     runs.exit_on_error(claims, p.parse_args(argv))
 
 

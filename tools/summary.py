@@ -2,11 +2,13 @@
 the first (the paper's appendix reports T-tests without naming which; Welch's does not assume
 equal variances; needs scipy, else the p-values are left out), then Fig. 7's macro-F1 per depth
 and label-frequency quartile: two Markdown tables, each setting named as the paper names Table
-3's rows; with --each, a row per run instead (a rerun beside the first runs); or the figures of
-another tool's predictions, as evaluate.py reports a checkpoint's.
+3's rows; with --each, a row per run instead (a rerun beside the first runs); with --stops, a row
+per setting on its early stops; or the figures of another tool's predictions, as evaluate.py
+reports a checkpoint's.
 
     python -m tools.summary runs/prompt-lhmix-s? runs/prompt-mixup-s?
     python -m tools.summary --each runs/prompt-lhmix-s? rerun/prompt-lhmix-s?
+    python -m tools.summary --stops runs/prompt-lhmix-s? runs/prompt-mixup-s?
     python -m tools.summary --predictions preds.jsonl --data demo
 """
 import argparse
@@ -20,6 +22,7 @@ import numpy as np
 import data
 import evaluate
 import runs
+import train
 
 NOT_SETTINGS = ('seed', 'data_dir')  # a run's arguments that do not change what it measures
 # Table 3's rows, as the paper's text names them (its table writes "Bert" and "+Mixup")
@@ -216,6 +219,41 @@ def each(folders):
                         f"{100 * t['macro_f1']:.2f}", t['best_epoch']]))
 
 
+def stopped_on_one_epoch(history, patience):
+    """Whether a run stopped early on one epoch's rise: it ended `patience` epochs after its best
+    dev macro-F1 (train.since_best), and with that epoch's dev macro-F1 put back to the epoch's
+    before, it would have gone on (a later epoch would have been the best)."""
+    b = len(history) - 1 - train.since_best(history)
+    if b == 0 or train.since_best(history) < patience:
+        return False
+    flat = history[:b] + [dict(history[b], dev_macro_f1=history[b - 1]['dev_macro_f1'])]
+    return train.since_best(flat + history[b + 1:]) < patience
+
+
+def stops(folders):
+    """A Markdown row per setting on its early stops: the epochs trained, the runs that stopped on
+    one epoch's rise, and how much of the spread of its test macro-F1 goes with the best epoch."""
+    head = ['setting', 'n', 'epochs trained', "stopped on one epoch's rise",
+            'test macro-F1 (%), sd', 'r: best dev epoch, test macro-F1', 'r²']
+    print('\n'.join([markdown(head), markdown(['---'] * len(head))]))
+    total = [0, 0]  # runs stopped on one epoch's rise, runs
+    for s in settings(folders):
+        histories = []
+        for folder in s.folders:
+            path = os.path.join(folder, runs.METRICS)
+            with finished_run(path), open(path, encoding='utf-8') as f:
+                histories.append([json.loads(line) for line in f])
+        epochs = np.array([len(h) for h in histories])
+        best, macro = np.array([(t['best_epoch'], 100 * t['macro_f1']) for t in s.tests]).T
+        risen = sum(stopped_on_one_epoch(h, s.args['early_stop']) for h in histories)
+        total = [total[0] + risen, total[1] + len(macro)]
+        r = np.corrcoef(best, macro)[0, 1] if len(macro) > 2 else None
+        print(markdown([s.name, len(macro), f'{epochs.min()}–{epochs.max()}', risen,
+                        f'{macro.std(ddof=1):.2f}' if len(macro) > 1 else '',
+                        *([f'{r:+.2f}', f'{r * r:.2f}'] if r is not None else ['', ''])]))
+    print(f"\n{total[0]} of the {total[1]} runs stopped on one epoch's rise.")
+
+
 def read_predictions(path, lines, hierarchy, n):
     """(n, V) bool of the lines of a file with a line {"labels": [label, ...]} a document."""
     lines = [(number, line) for number, line in lines if line.strip()]
@@ -251,6 +289,8 @@ def main(argv=None):
     p.add_argument('runs', nargs='*', help='train.py run folders')
     p.add_argument('--each', action='store_true',
                    help='a row per run, not per setting (a rerun against the first runs)')
+    p.add_argument('--stops', action='store_true',
+                   help="a row per setting on its early stops (the runs' metrics.jsonl)")
     p.add_argument('--predictions', metavar='FILE', help='score this prediction file instead')
     p.add_argument('--data', help='the predictions\' data, as train.py --data')
     p.add_argument('--data-dir', help='as train.py --data-dir')
@@ -259,10 +299,12 @@ def main(argv=None):
     args = p.parse_args(argv)
     if bool(args.runs) == bool(args.predictions and args.data):
         p.error('give run folders, or --predictions and --data')
-    if args.each and not args.runs:
-        p.error('--each lists run folders, not predictions')
-    runs.exit_on_error(each if args.each else summary if args.runs else score_predictions,
-                       args.runs or args)
+    if (args.each or args.stops) and not args.runs:
+        p.error(f'--{"each" if args.each else "stops"} takes run folders, not predictions')
+    if args.each and args.stops:
+        p.error('give --each or --stops, not both')
+    runs.exit_on_error(each if args.each else stops if args.stops else summary if args.runs
+                       else score_predictions, args.runs or args)
 
 
 if __name__ == '__main__':
