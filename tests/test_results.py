@@ -15,6 +15,7 @@ the repository root and put its output after the marker.
 """
 import glob
 import io
+import json
 import os
 import re
 import runpy
@@ -110,6 +111,19 @@ def test_results_md_matches_the_tools_that_printed_it():
     pytest.importorskip('scipy')  # without it the tools leave the p-values out
     problems = check(os.path.join(ROOT, 'RESULTS.md'))
     assert not problems, '\n'.join(problems)
+
+
+def test_every_recorded_run_started_from_the_same_label_embeddings():
+    """One setting for all the records: each Prompt run's relatives.json holds the same shares at
+    initialisation. A run made without the setting's label_names.tsv starts elsewhere (its label
+    tokens from the whole tag, 'admin::backup'), and sessions that differ in it are caught here."""
+    paths = glob.glob(os.path.join(ROOT, 'results', 'records', '*', '*', 'relatives.json'))
+    starts = {}
+    for path in paths:
+        with open(path, encoding='utf-8') as f:
+            shares = json.load(f)['relatives_among_nearest']
+        starts.setdefault(json.dumps({k: v['init'] for k, v in shares.items()}), path)
+    assert paths and len(starts) == 1, starts
 
 
 # The checker, on a fabricated tool (tools.show prints a row per record: its name and value;
