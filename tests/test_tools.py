@@ -143,6 +143,13 @@ def test_summary_each_lists_every_run_once_in_the_order_given(tmp_path, capsys):
         summary.main(['--each', '--predictions', 'p.jsonl', '--data', 'demo'])
     assert e.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(
         'error: --each takes run folders, not predictions')
+    for flags, message in ((['--stops', '--predictions', 'p.jsonl', '--data', 'demo'],
+                            '--stops takes run folders, not predictions'),
+                           (['--each', '--stops', first[0]], 'give --each or --stops, not both')):
+        with pytest.raises(SystemExit) as e:
+            summary.main(flags)
+        assert e.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(
+            'error: ' + message)
 
 
 # Dev macro-F1 per epoch, at --early-stop 2, and whether the run stopped on one epoch's rise: with
@@ -803,6 +810,32 @@ def test_a_rerun_its_spread_by_seed_and_the_verdicts_it_changes(ablation, tmp_pa
     assert capsys.readouterr().out.endswith(
         'With the rerun in place of the first runs of BERT, 100% of the training data, no verdict '
         'of a measure changes its word (supported, contradicted, inconclusive).\n')
+    # a line that cannot be tested here (Fig. 5's alpha on DebTags) measures a slope all the
+    # same, which the rerun of its runs at alpha 10 moves from p 0.042 to 0.87: not a verdict
+    level = [record(tmp_path / 'alpha10' / f's{s}', 70, 50 + 2.5 * s, seed=s, mix='lhmix',
+                    alpha=10.0, beta=1.0) for s in (0, 1)]
+    claims.main([*map(str, first), '--rerun', *map(str, level)])
+    assert capsys.readouterr().out.endswith(
+        'With the rerun in place of the first runs of Prompt + LH-Mix (α 10, β 1), 100% of the '
+        'training data, no verdict of a measure changes its word (supported, contradicted, '
+        'inconclusive).\n')
+    two = [shutil.copytree(ablation / name, tmp_path / 'two' / name)
+           for name in ('bert-s0', 'bert-s1', 'bert-mixup-s0', 'bert-mixup-s1')]
+    assert error_of(lambda: claims.main([*map(str, first), '--rerun', *map(str, two)])) == (
+        'error: --rerun takes the runs of one setting of the runs given (their train.py arguments '
+        'but the seed): it has 2 settings')
+    seed_2 = record(tmp_path / 'again' / 'bert-s2', 60, 34, seed=2, arch='bert')
+    assert error_of(lambda: claims.main([*map(str, first), '--rerun', str(again[1]),
+                                         str(seed_2)])) == (
+        'error: --rerun needs the seeds of the first runs, once each: the first runs have seeds '
+        '0, 1; the rerun has seeds 0, 2')
+    twice = [record(tmp_path / 'twice' / f'{which}{i}', 67, 39, seed=0, arch='bert', mix='mixup')
+             for which in ('first', 'again') for i in (0, 1)]  # seed 0 twice in each
+    assert error_of(lambda: claims.main(
+        [*(str(f) for f in first if not f.name.startswith('bert-mixup')), *map(str, twice[:2]),
+         '--rerun', *map(str, twice[2:])])) == (
+        'error: --rerun needs the seeds of the first runs, once each: the first runs have seeds '
+        '0, 0; the rerun has seeds 0, 0')
     other = record(tmp_path / 'other' / 's0', 60, 30, seed=0, lr=3e-5)
     assert error_of(lambda: claims.main([*map(str, first), '--rerun', str(other)])) == (
         'error: --rerun takes the runs of one setting of the runs given (their train.py arguments '
