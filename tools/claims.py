@@ -467,9 +467,10 @@ def rerun_of(r, folders):
         raise ValueError('--rerun takes the runs of one setting of the runs given (their train.py '
                          'arguments but the seed): ' + (f'it has {len(again)} settings' if
                                                         len(again) > 1 else 'no run given has its'))
-    if set(again[0].folders) & set(first[0].folders):
-        raise ValueError('--rerun takes runs made again, apart from the runs given: '
-                         f'{sorted(set(again[0].folders) & set(first[0].folders))[0]} is both')
+    both = sorted(set(again[0].folders) & set(first[0].folders))
+    if both:
+        raise ValueError(f'--rerun takes runs made again, apart from the runs given: {both[0]} is '
+                         'both')
     pair = [sorted(s.tests, key=lambda t: t['args']['seed']) for s in (first[0], again[0])]
     seeds = [[t['args']['seed'] for t in p] for p in pair]
     if seeds[0] != seeds[1] or len(set(seeds[0])) < len(seeds[0]):

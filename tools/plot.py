@@ -28,8 +28,8 @@ import numpy as np
 
 import data
 import runs
-from tools.summary import (GREEK, control, fig7_columns, finished_run, mean_sd, row_name,
-                           setting_names, settings)
+from tools.summary import (GREEK, control, epochs, fig7_columns, finished_run, mean_sd,
+                           row_name, setting_names, settings)
 
 START = {'svg': b'<?xml', 'png': b'\x89PNG'}  # how matplotlib's files of each format begin
 MIXING = ('mix', 'alpha', 'beta', 'mix_alpha')  # the arguments of the mixing alone
@@ -43,10 +43,8 @@ ROWS = {'Prompt + LH-Mix': 'C1', 'Prompt + LH-Mix, λ = 0.5 (control)': 'C0', 'P
 def read_history(folder):
     """A run's metrics.jsonl, per epoch: the dev macro- and micro-F1 in %, the lambda quantiles
     {percent: lambda} (None in an epoch without Mixup)."""
-    path = os.path.join(folder, runs.METRICS)
-    with finished_run(path):
-        with open(path, encoding='utf-8') as f:
-            lines = [json.loads(line) for line in f]
+    lines = epochs(folder)
+    with finished_run(os.path.join(folder, runs.METRICS)):  # a record without a field, so named
         return {'macro': [100 * h['dev_macro_f1'] for h in lines],
                 'micro': [100 * h['dev_micro_f1'] for h in lines],
                 'lambda': [h['lambda']['quantiles'] if h['mix'] else None for h in lines]}

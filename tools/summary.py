@@ -219,12 +219,20 @@ def each(folders):
                         f"{100 * t['macro_f1']:.2f}", t['best_epoch']]))
 
 
+def epochs(folder):
+    """A finished run's metrics.jsonl: a dict per epoch, in order."""
+    path = os.path.join(folder, runs.METRICS)
+    with finished_run(path), open(path, encoding='utf-8') as f:
+        return [json.loads(line) for line in f]
+
+
 def stopped_on_one_epoch(history, patience):
     """Whether a run stopped early on one epoch's rise: it ended `patience` epochs after its best
     dev macro-F1 (train.since_best), and with that epoch's dev macro-F1 put back to the epoch's
     before, it would have gone on (a later epoch would have been the best)."""
-    b = len(history) - 1 - train.since_best(history)
-    if b == 0 or train.since_best(history) < patience:
+    since = train.since_best(history)
+    b = len(history) - 1 - since
+    if b == 0 or since < patience:
         return False
     flat = history[:b] + [dict(history[b], dev_macro_f1=history[b - 1]['dev_macro_f1'])]
     return train.since_best(flat + history[b + 1:]) < patience
@@ -238,17 +246,13 @@ def stops(folders):
     print('\n'.join([markdown(head), markdown(['---'] * len(head))]))
     total = [0, 0]  # runs stopped on one epoch's rise, runs
     for s in settings(folders):
-        histories = []
-        for folder in s.folders:
-            path = os.path.join(folder, runs.METRICS)
-            with finished_run(path), open(path, encoding='utf-8') as f:
-                histories.append([json.loads(line) for line in f])
-        epochs = np.array([len(h) for h in histories])
+        histories = [epochs(folder) for folder in s.folders]
+        trained = np.array([len(h) for h in histories])
         best, macro = np.array([(t['best_epoch'], 100 * t['macro_f1']) for t in s.tests]).T
         risen = sum(stopped_on_one_epoch(h, s.args['early_stop']) for h in histories)
         total = [total[0] + risen, total[1] + len(macro)]
         r = np.corrcoef(best, macro)[0, 1] if len(macro) > 2 else None
-        print(markdown([s.name, len(macro), f'{epochs.min()}–{epochs.max()}', risen,
+        print(markdown([s.name, len(macro), f'{trained.min()}–{trained.max()}', risen,
                         f'{macro.std(ddof=1):.2f}' if len(macro) > 1 else '',
                         *([f'{r:+.2f}', f'{r * r:.2f}'] if r is not None else ['', ''])]))
     print(f"\n{total[0]} of the {total[1]} runs stopped on one epoch's rise.")
