@@ -115,7 +115,7 @@ def drawn(path):
     defined = {p.get('id'): vertices(p) for p in root.iter(SVG + 'path') if p.get('id')}
     out = {}
     for g in root.iter(SVG + 'g'):
-        if re.match(r'(macro|micro|lambda|eq4|fig[457])-', g.get('id', '')):
+        if re.match(r'(macro|micro|lambda|eq4|fig[457]|table3)-', g.get('id', '')):
             uses = [(float(u.get('x')), float(u.get('y')), u.get(XLINK)[1:])
                     for u in g.iter(SVG + 'use')]
             out[g.get('id')] = ([(x, y) for x, y, _ in uses], [
@@ -207,7 +207,7 @@ def same_points(a, b):
 @PLOTTING
 def test_every_figure_names_the_settings_as_the_paper_names_its_rows(figures):
     for name, settings in [('curves', range(6)), ('lambda', [0, 1, 2, 4]),  # those that mixed
-                           ('fig7_depth_frequency', range(6))]:
+                           ('table3_f1', range(6)), ('fig7_depth_frequency', range(6))]:
         text = figure(figures / 't3', name)[0]
         assert all(T3_NAMES[i] in text for i in settings), name
     fig4 = figure(figures / 'f4', 'fig4_train_fraction')[0]
@@ -225,7 +225,8 @@ def test_nothing_is_drawn_twice(figures):
     """Settings that share Eq. 4's alpha and beta share its curve; those that start Mixup in one
     epoch, its line: each named artist once in each figure."""
     for svg in figures.glob('*/*.svg'):
-        ids = re.findall(r'<g id="((?:macro|micro|lambda|eq4|fig[457])-[^"]+)"', svg.read_text())
+        ids = re.findall(r'<g id="((?:macro|micro|lambda|eq4|fig[457]|table3)-[^"]+)"',
+                         svg.read_text())
         assert len(ids) == len(set(ids)), svg
 
 
@@ -327,11 +328,12 @@ def test_a_row_has_one_colour_in_every_figure_and_a_grid_of_it_shades_of_it(reco
     """By the row's name, whatever else is drawn and in whatever order the runs are given."""
     from matplotlib.colors import to_hex
     plot.main([str(records / r) for s in T3[::-1] for r in s] + [
-        '--figures', 'curves', 'fig7_depth_frequency', '--out', str(tmp_path)])
+        '--figures', 'curves', 'table3_f1', 'fig7_depth_frequency', '--out', str(tmp_path)])
     seen = {name: [] for name in T3_NAMES}
     for i, name in enumerate(T3_NAMES):
         for folder, k in ((figures / 't3', i), (tmp_path, 5 - i)):  # as given, and reversed
             seen[name] += [colour_of(folder / 'curves.svg', f'macro-mean-{k}'),
+                           colour_of(folder / 'table3_f1.svg', f'table3-micro-{k}'),
                            colour_of(folder / 'fig7_depth_frequency.svg', f'fig7-depth-{k}-1',
                                   'fill')]
     for j, name in enumerate(T3_NAMES[:4]):  # Fig. 4: the Prompt rows, in Table 3's order
@@ -369,6 +371,34 @@ def test_the_mixing_ratios_of_a_whole_fig_5_grid_stay_readable(figures):
     box = frames(path)
     legend = box.pop('legend_1')
     assert len(box) == 15 + 1 and legend[0] > max(bottom for _, bottom in box.values())  # below
+
+
+@PLOTTING
+def test_table_3_each_row_its_mean_with_its_95_percent_interval_and_each_seed(figures):
+    path = figures / 't3' / 'table3_f1.svg'
+    text, ds = figure(figures / 't3', 'table3_f1')
+    assert [t for t in text if '95% interval over seeds' in t]
+    for f1, column, axes in (('micro', 0, 'axes_1'), ('macro', 1, 'axes_2')):
+        rings = [ds[f'table3-{f1}-{i}'][0] for i in range(6)]
+        assert all(len(r) == 1 for r in rings)
+        xs, ys = [r[0][0] for r in rings], [r[0][1] for r in rings]
+        values = [statistics.mean(TABLE3[r][column] for r in s) for s in T3]
+        assert same_scale(values, xs)
+        assert (np.diff(ys) > 0).all()  # a row each, the first on top (SVG's y grows downwards)
+        scale = np.polyfit(values, xs, 1)
+        for i, folders in enumerate(T3):
+            m, half = t_interval([TABLE3[r][column] for r in folders])
+            bars = [(min(x, x1), max(x, x1)) for (x, _), (x1, _) in zip(
+                ds[f'table3-{f1}-interval-{i}'][1][::2], ds[f'table3-{f1}-interval-{i}'][1][1::2])]
+            assert len(bars) == (half is not None)
+            for left, right in bars:
+                assert (right - left) / 2 / abs(scale[0]) == pytest.approx(half, rel=1e-5)
+                assert (left + right) / 2 == pytest.approx(np.polyval(scale, m), abs=1e-3)
+            dots = ds[f'table3-{f1}-seeds-{i}'][0]  # each run's, just below its row's ring
+            assert sorted(x for x, _ in dots) == pytest.approx(sorted(
+                np.polyval(scale, [TABLE3[r][column] for r in folders])), abs=1e-3)
+            assert all(ys[i] < y < (ys[i + 1] if i < 5 else np.inf) for _, y in dots)
+        assert ticks(path)[axes]['y'] == (T3_NAMES if f1 == 'micro' else [])  # named once
 
 
 @PLOTTING
@@ -510,10 +540,12 @@ def test_a_figure_without_its_runs_is_skipped_in_one_line_and_png_on_request(rec
                '--format', 'png'])
     assert capsys.readouterr().out.splitlines() == [
         f'curves: {out}/curves.png', f'lambda: {out}/lambda.png',
+        f'table3_f1: {out}/table3_f1.png',
         'fig4_train_fraction: skipped, needs a setting at two or more --train-fraction',
         'fig5_alpha_beta: skipped, needs LH-Mix runs at two or more --alpha (one --beta) or '
         '--beta (one --alpha)', f'fig7_depth_frequency: {out}/fig7_depth_frequency.png']
-    assert sorted(os.listdir(out)) == ['curves.png', 'fig7_depth_frequency.png', 'lambda.png']
+    assert sorted(os.listdir(out)) == ['curves.png', 'fig7_depth_frequency.png', 'lambda.png',
+                                       'table3_f1.png']
     assert (out / 'curves.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
     plot.main([str(records / 'none-s0'), '--out', str(out), '--format', 'png'])  # replaces
     assert capsys.readouterr().out.splitlines()[1] == (
@@ -541,8 +573,8 @@ def test_bad_input_named_in_one_line_before_anything_is_written(records, tmp_pat
     assert error_of(lambda: plot.main([run, '--out', str(tmp_path / 'file' / 'out')])) == (
         f'error: --out {tmp_path}/file/out: {tmp_path}/file is a file, not a folder')
     assert error_of(lambda: plot.main([run, '--figures', 'curves', 'fig9', '--out', str(out)])) == (
-        'error: --figures fig9: not one of curves, lambda, fig4_train_fraction, fig5_alpha_beta, '
-        'fig7_depth_frequency')
+        'error: --figures fig9: not one of curves, lambda, table3_f1, fig4_train_fraction, '
+        'fig5_alpha_beta, fig7_depth_frequency')
     assert not out.exists()
     out.mkdir()
     (out / 'lambda.svg').write_text('my notes')

@@ -4,6 +4,8 @@ names them, each into --out as NAME.svg (or .png):
   curves                dev macro- and micro-F1 per epoch, mean over seeds +- sd
   lambda                the mixing ratios per epoch, a panel a setting, and where they lie on
                         Eq. 4's curve at each LH-Mix setting's alpha and beta
+  table3_f1             test micro- and macro-F1 of each setting, a row each in the order given:
+                        each seed's beside their mean with its 95% interval over seeds (Table 3)
   fig4_train_fraction   test F1 against the share of the training data, each mean with its 95%
                         interval over seeds (Fig. 4)
   fig5_alpha_beta       test macro-F1 of each seed and their mean over the alpha grid and the
@@ -210,6 +212,27 @@ def means(ax, lines, x, f1, gid, colour, tick='{:g}', seeds=False, dodge=1):
     ax.minorticks_off()
 
 
+def table3(fig, groups):
+    """Test micro- and macro-F1 of each setting given, a row each, top down in the order given
+    (Table 3 lists its rows): the mean over its runs (a ring) with its 95% interval, and below it
+    each run's (a dot)."""
+    colour = colours([s.args for s in groups])
+    for ax, f1 in zip(fig.subplots(1, 2, sharey=True), ('micro', 'macro')):
+        for i, s in enumerate(groups):
+            f = [100 * t[f'{f1}_f1'] for t in s.tests]
+            mean, half = interval(f)
+            drawn = ax.errorbar(mean, i, xerr=half, marker='o', mfc='white', capsize=3,
+                                color=colour[i])
+            drawn.lines[0].set_gid(f'table3-{f1}-{i}')
+            drawn.lines[2][0].set_gid(f'table3-{f1}-interval-{i}')
+            ax.plot(f, [i + 0.2] * len(f), '.', color=colour[i], gid=f'table3-{f1}-seeds-{i}')
+        ax.set_yticks(range(len(groups)), [s.name for s in groups])
+        ax.set(xlabel=f'test {f1}-F1 (%)', title=f'test {f1}-F1')
+    ax.invert_yaxis()  # the axes share y: the first row on top in both
+    fig.suptitle('Table 3: test F1 of each row: each seed (dot), their mean (ring), bars its 95% '
+                 'interval over seeds')
+
+
 def fig4(fig, groups):
     """Test F1 against the share of the training data, a line for each setting of the other
     arguments given at two or more shares (Table 3's runs give the full data's point)."""
@@ -326,6 +349,7 @@ def plot(args):
     history = {r: read_history(r) for s in groups for r in s.folders}
     figures = {'curves': lambda fig: curves(fig, groups, history),
                'lambda': lambda fig: ratios(fig, groups, history),
+               'table3_f1': lambda fig: table3(fig, groups),
                'fig4_train_fraction': lambda fig: fig4(fig, groups),
                'fig5_alpha_beta': lambda fig: fig5(fig, groups),
                'fig7_depth_frequency': lambda fig: fig7(fig, groups)}
