@@ -1,5 +1,5 @@
 """The data sets (WOS as HPT builds it, HiAGM/HPT folders such as NYT and RCV1-V2, a demo), the
-pretrained model that a run starts from, and files read and written whole."""
+pretrained model that a run starts from, and the user's files, read."""
 import io
 import json
 import math
@@ -26,34 +26,6 @@ def read_lines(path):
             return [(n, line.rstrip('\n')) for n, line in enumerate(f, 1)]
     except UnicodeDecodeError as e:  # Python's own message names no file.
         raise ValueError(f'{path}: not UTF-8 text ({e.reason})') from None
-
-
-def temporary(path):
-    """Return the temporary file of write_whole for `path`: .NAME.tmp beside it."""
-    folder, name = os.path.split(path)
-    return os.path.join(folder, f'.{name}.tmp')
-
-
-def write_whole(path, text):
-    """Writes `text` (str or bytes) to `path` whole or not at all, making its folder: a synced
-    temporary renamed over it, removed on any failure (disk full, Ctrl-C). OSErrors name `path`."""
-    folder, tmp = os.path.dirname(os.path.abspath(path)), temporary(path)
-    try:
-        os.makedirs(folder, exist_ok=True)
-        with open(tmp, 'wb') as f:  # A plain open(), so that the file has the umask's modes.
-            f.write(text if isinstance(text, bytes) else text.encode('utf-8'))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fd = os.open(folder, os.O_RDONLY)  # The folder is synced so that the rename is on disk.
-        os.fsync(fd)
-        os.close(fd)
-    except BaseException as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        if isinstance(e, OSError) and not e.filename:  # fsync's error names no file.
-            e.filename = path
-        raise
 
 
 # WOS-46985, as HPT's preprocess_wos.py and data_wos.py build it
@@ -158,7 +130,10 @@ def _download_wos(path):
                 blob, kind = r.read(), r.headers.get_content_type()
             if _data_xlsx(blob) is None:
                 raise ValueError(f'not a zip holding Meta-data/Data.xlsx ({kind})')
-            return write_whole(path, blob)
+            # Written beside, then renamed: a kill leaves no part of a zip under its name.
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            Path(path + '.part').write_bytes(blob)
+            return os.replace(path + '.part', path)
         except (OSError, ValueError, http.client.HTTPException) as e:
             failed.append(f'{url}: {e}')
     folder = os.path.dirname(path)
@@ -447,7 +422,7 @@ def load_pretrained(name):
     except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:
         hint = '' if os.path.isdir(name) else (' (not a local folder; without internet, pass a '
                                                'local folder or --model tiny)')
-        raise ValueError(f'could not load model {name!r}{hint}: {one_line(e)}') from None
+        raise ValueError(f'could not load model {name!r}{hint}: {type(e).__name__}: {e}') from None
     finally:
         logging.set_verbosity(verbosity)
     # The encoder's weights must all be there; the MLM head's may be missing.
@@ -461,6 +436,3 @@ def load_pretrained(name):
               file=sys.stderr)
     return mlm.float(), tokenizer  # fp32 even from fp16 files: autocast does the rest.
 
-
-def one_line(e):
-    return ' '.join(f'{type(e).__name__}: {e}'.split())

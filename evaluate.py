@@ -7,12 +7,10 @@ new texts with it (a JSON line per input line).
 import argparse
 import json
 import os
-import re
 import sys
 import time
 
 import numpy as np
-import torch
 
 import data
 import lhmix
@@ -79,20 +77,6 @@ def classify(model, tokenizer, texts):
     return out
 
 
-def device(name):
-    """Return the torch.device of cpu, cuda or cuda:N: an argparse type, so that a device that is
-    not there is refused before anything is computed."""
-    cuda = torch.cuda.is_available()
-    if not re.fullmatch(r'cpu|cuda(:\d+)?' if cuda else 'cpu', name):
-        raise argparse.ArgumentTypeError(f'{name}: only cpu' + (', cuda or cuda:N' if cuda else
-                                                                ' (no CUDA GPU here)'))
-    n, index = torch.cuda.device_count() if cuda else 0, torch.device(name).index
-    if index is not None and index >= n:  # Torch would fail only once the data is read.
-        raise argparse.ArgumentTypeError(f'{name}: CUDA sees {n} GPU' + (
-            f's here (cuda:0 to cuda:{n - 1})' if n > 1 else ' here (cuda:0)'))
-    return torch.device(name)
-
-
 def check_output(path, flag, ckpt, start):
     """Refuses, before anything is computed, to write `path` into the checkpoint being read, over
     a run's figures, where no folder can be made, or over a file not beginning with `start`."""
@@ -136,9 +120,9 @@ def evaluate(args):
     r = report(pred, [ls for _, ls in docs], hierarchy, [ls for _, ls in splits['train']])
     print_report(args.split, r)
     if args.out:
-        data.write_whole(args.out, json.dumps(r, indent=1))
+        runs.write_whole(args.out, json.dumps(r, indent=1))
     if args.save_predictions:
-        data.write_whole(args.save_predictions, ''.join(
+        runs.write_whole(args.save_predictions, ''.join(
             json.dumps({'labels': [hierarchy.labels[v] for v in np.flatnonzero(p)]}) + '\n'
             for p in pred))
 
@@ -156,8 +140,7 @@ def main(argv=None):
     add('--save-predictions', metavar='FILE',
         help='write the predicted labels here: a line {"labels": [...]} a document')
     add('--texts', metavar='FILE', help='classify the lines of FILE (- : stdin) instead')
-    add('--device', type=device, default='cuda' if torch.cuda.is_available() else 'cpu',
-        help='cpu, cuda or cuda:N (default: cuda if there is one)')
+    runs.add_device(p)
     args = p.parse_args(argv)
     if bool(args.texts) == bool(args.data):
         p.error('give --data (to score a split) or --texts (to classify), not both')

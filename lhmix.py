@@ -4,34 +4,23 @@ that it can be copied alone into another one.
 It follows the paper: Sec. 3 (the label tree, the hierarchical prompt, the verbalizer of Eq. 1 and
 ZMLCE, Eq. 2), then Sec. 4 (local hierarchies and their similarity, the mixing ratio, Mixup with
 loss mixing: Eqs. 3-7). What is not LH-Mix comes last: Table 3's flat BERT baseline; feeding the
-model (tokens, batches, Mixup partners, prediction, CUDA graphs); and ZMLCE fused into one Triton
-kernel (Eqs. 2 and 8).
+model (tokens, batches, Mixup partners, prediction); and ZMLCE fused into one Triton kernel
+(Eqs. 2 and 8). What makes a GPU step fast (packed rows, CUDA graphs) is in speed.py, beside it.
 
-The API, in that order:
+The API, in that order (each name's docstring says more):
 
     Hierarchy(parents, names)     the label tree (Sec. 3.1); label ids are the order of `parents`
-    template(num_depths, ...)     the hierarchical prompt's ids, [CLS] [D1] [P] ... [SEP] (Sec. 3.2)
+    template(num_depths, ...)     the hierarchical prompt, [CLS] [D1] [P] ... [SEP] (Sec. 3.2)
     LHMix(mlm, hierarchy, ...)    the prompt-tuned masked LM; model(**batch) -> (loss, lambda)
-    build_model(mlm, tokenizer, hierarchy, arch)   a fresh ARCHS[arch], labels started from their
-                                  names; warns of names that have no word-piece but [UNK]
+    build_model(mlm, tokenizer, hierarchy, arch)   a fresh ARCHS[arch], labels from their names
     zmlce(scores, targets, valid)                  Eq. 2, a multi-label loss
-    local_hierarchy_ids(model, label_ids, name_ids)   a local hierarchy's sequence (Sec. 4.1)
-    local_hierarchy_table(model, tokenizer, label_sets)   each local hierarchy encoded (Sec. 4.1)
-    use_local_hierarchies(model, table, alpha, beta)   the model mixes by LH-Mix from then on
-    hierarchy_similarity(h_i, h_j), mixup_ratio(s, alpha, beta), mix_hidden(h_i, h_j, lam)
-                                  Eqs. 3, 4 and 5
+    local_hierarchy_ids, local_hierarchy_table, use_local_hierarchies   Sec. 4.1
+    hierarchy_similarity, mixup_ratio, mix_hidden  Eqs. 3, 4 and 5
     vanilla_mixup_ratio(rng, a, n)                 Table 3's + Mixup: folded Beta(a, a) ratios
     training_loss(model, **batch)                  Eqs. 2-7, what model(**batch) computes
-    FlatBERT(mlm, hierarchy, ...) Table 3's flat BERT, HGCLR's: a linear layer on [CLS], BCE
-    ARCHS                         the models by their `arch`: {'prompt': LHMix, 'bert': FlatBERT}
-    tokenize(tokenizer, texts, max_text_len)       texts as word-pieces, cut to fit
-    make_batch(model, token_ids, labels, ...)      a batch that model(**batch) takes
-    mask_tokens(input_ids, ...)                    BERT's masking for HPT's MLM term
-    train_batches(lengths, batch_size, rng, mixing)   an epoch's batches and Mixup partners
-    to_device(batch, device)                       a batch moved without a host sync
-    score_documents(model, token_ids)              every label's score, a numpy float32 array
-                                  (N, V) in input order; a label is predicted where > 0
-    autocast(device), cuda_graphs_unavailable(device), CUDAGraphs(fn)   for fast GPU steps
+    FlatBERT, ARCHS               Table 3's flat BERT (HGCLR's); the models by `arch`
+    tokenize, make_batch, mask_tokens, train_batches, to_device, autocast   feeding the model
+    score_documents(model, token_ids)              every label's score (N, V); > 0: predicted
 """
 import math
 import warnings
@@ -40,7 +29,6 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import transformers
 
 try:
     import triton
@@ -52,7 +40,7 @@ __all__ = ['Hierarchy', 'template', 'LHMix', 'build_model', 'zmlce', 'local_hier
            'local_hierarchy_table', 'use_local_hierarchies', 'hierarchy_similarity',
            'mixup_ratio', 'mix_hidden', 'vanilla_mixup_ratio', 'training_loss', 'FlatBERT',
            'ARCHS', 'tokenize', 'make_batch', 'mask_tokens', 'train_batches', 'to_device',
-           'score_documents', 'autocast', 'cuda_graphs_unavailable', 'CUDAGraphs']
+           'autocast', 'score_documents']
 
 
 # Sec. 3: the label tree, the hierarchical prompt, the verbalizer (Eq. 1) and ZMLCE (Eq. 2)
@@ -99,6 +87,8 @@ class Hierarchy:
         are gold too, as the paths of Sec. 3.1 make them."""
         label_ids = list(label_ids)
         for v in label_ids:
+            if not isinstance(v, (int, np.integer)):
+                raise TypeError(f'label {v!r}: give label ids, not names (hierarchy.index[name])')
             if not 0 <= v < len(self):
                 raise ValueError(f'label id {v}: give ids 0 to {len(self) - 1}, the tree\'s labels')
         return sorted({a for v in label_ids for a in self.path(v)})
@@ -110,82 +100,43 @@ def template(num_depths, cls_id, sep_id, depth_ids, slot_id):
     return [cls_id] + [t for d in range(num_depths) for t in (depth_ids[d], slot_id)] + [sep_id]
 
 
-class LHMix(nn.Module):
-    """A BERT-style masked LM prompted with the label tree (Sec. 3.2). Its vocabulary gains a
-    token per label (their embeddings are the verbalizer), a token [Dd] per depth and the slot
-    token [P], with ids base_vocab + [labels | depths | slot]. `arch` names it in checkpoints."""
-    arch = 'prompt'
+class Classifier(nn.Module):
+    """What LHMix and Table 3's FlatBERT share: a BERT-style masked LM's encoder reads `prefix`,
+    the text and [SEP], and its states at the prefix's slots score the labels, depth d's slot
+    those where row d of `valid` is set. A subclass makes the prefix and its head (make_head),
+    scores (score) and loss (loss); `arch` names it in checkpoints, `mlm_term` says whether it
+    trains with HPT's MLM term too, `depth_ids` are what separate the depths of a local
+    hierarchy (Sec. 4.1)."""
 
     def __init__(self, mlm, hierarchy, base_vocab, special, max_length=512):
         super().__init__()
         self.mlm, self.hierarchy, self.base_vocab = mlm, hierarchy, base_vocab
         self.special, self.max_length = special, max_length  # special: cls, sep, pad, mask ids
-        V, D = len(hierarchy), hierarchy.num_depths
-        self.depth_ids, self.slot_id = [base_vocab + V + d for d in range(D)], base_vocab + V + D
-        adapt_encoder(mlm, self.slot_id + 1)
-        # The MLM head's transform (dense, activation, LayerNorm) is the classifier of Eq. 1's
-        # f^d, and the label tokens' embeddings are its verbalizer.
-        self.transform = mlm.cls.predictions.transform  # Eq. 1: f^d's classifier
-        self.prefix, slots, valid = self.head()
+        self.prefix, valid = self.make_head()
         self.register_buffer('valid', valid, persistent=False)
+        slots = [i for i, t in enumerate(self.prefix) if t == self.slot_id]
         self.register_buffer('slot_offsets', torch.tensor(slots), persistent=False)
         positions = mlm.config.max_position_embeddings
         if not 0 < self.text_budget(max_length) or max_length > positions:
             raise ValueError(f'max_length {max_length} leaves {self.text_budget(max_length)} text '
-                             f'tokens (at most {positions} positions)')
+                             f'tokens (at most {positions} positions): give a max_length from '
+                             f'{len(self.prefix) + 2} to {positions}')
         # LH-Mix's table of encoded local hierarchies (Sec. 4.1), set by use_local_hierarchies().
         self.register_buffer('local_hierarchies', None, persistent=False)
         self.alpha = self.beta = None
-
-    def head(self):
-        """Return (the prompt, its slots' positions, `valid`), and make the label bias. Row d of
-        `valid` marks the labels that depth d's slot [P] scores: those of depth d (Eq. 1)."""
-        h, D = self.hierarchy, self.hierarchy.num_depths
-        self.label_bias = nn.Parameter(torch.zeros(len(h)))
-        prefix = template(D, self.special['cls'], self.special['sep'], self.depth_ids, self.slot_id)
-        valid = torch.arange(1, D + 1)[:, None] == torch.tensor(h.depth)  # Eq. 1: V^d
-        return prefix, [i for i, t in enumerate(prefix) if t == self.slot_id], valid
-
-    @torch.no_grad()
-    def initialize(self, tokenizer):
-        """Starts the new tokens: each label token as the mean embedding of its name's
-        word-pieces, the depth tokens random (Sec. 5.2), [P] as [MASK] (the authors' code).
-        Warns, in one line, of the labels whose names have no word-piece but [UNK]."""
-        emb, names = self.mlm.get_input_embeddings().weight, self.name_ids(tokenizer)
-        unk = [v for v, ids in zip(self.hierarchy.labels, names)
-               if set(ids) == {tokenizer.unk_token_id}]
-        if unk:
-            warnings.warn(f'labels {unk}: their names have no word-piece but [UNK], so they start '
-                          'as [UNK] and are [UNK] alike in local hierarchies: name them '
-                          '(Hierarchy(parents, names))')
-        for v, ids in enumerate(names):
-            emb[self.base_vocab + v] = emb[ids].mean(0)
-        for d in self.depth_ids:
-            emb[d].normal_(0.0, self.mlm.config.initializer_range)
-        emb[self.slot_id] = emb[self.special['mask']]
 
     def name_ids(self, tokenizer):
         """Each label name's word-pieces; a name that has none is [UNK]."""
         return [tokenizer(name, add_special_tokens=False)['input_ids']
                 or [tokenizer.unk_token_id] for name in self.hierarchy.names]
 
-    def label_embeddings(self):
-        """The verbalizer: the label tokens' rows of the input embeddings (V, H)."""
-        b = self.base_vocab
-        return self.mlm.get_input_embeddings().weight[b:b + len(self.hierarchy)]
-
     def text_budget(self, max_length):
-        """How many text word-pieces fit beside the prompt and the closing [SEP]."""
+        """How many text word-pieces fit beside the prefix and the closing [SEP]."""
         return max_length - len(self.prefix) - 1
 
-    def encode(self, input_ids, attention_mask=None, position_ids=None, offsets=None):
-        """The last hidden states. In a packed row (`offsets`) each document attends to itself."""
-        if offsets is None:
-            return self.mlm.base_model(input_ids, attention_mask).last_hidden_state
-        # Token types are given because the default ones stop at 512 positions.
-        return self.mlm.base_model(
-            input_ids, token_type_ids=torch.zeros_like(input_ids), position_ids=position_ids,
-            cu_seq_lens_q=offsets, max_length_q=max(self.max_length, PACKED)).last_hidden_state
+    def encode(self, input_ids, attention_mask=None, **packed):
+        """The last hidden states. `packed`: a packed row's encoder inputs (speed.py)."""
+        return self.mlm.base_model(input_ids, attention_mask, **packed).last_hidden_state
 
     def slots(self, hidden, starts):
         """The slots' hidden states (B, slots, H), Eq. 1's h^d. `hidden` (rows, T, H) is read as
@@ -193,6 +144,60 @@ class LHMix(nn.Module):
         position: b * T when a row holds one document, its offset when a packed row holds them
         all. The slots follow at `slot_offsets` from there."""
         return hidden.flatten(0, 1)[starts[:, None] + self.slot_offsets]  # Eqs. 1 and 5: h^d
+
+    def forward(self, **batch):
+        """training_loss(self, **batch): Eqs. 2-7."""
+        return training_loss(self, **batch)
+
+    @torch.no_grad()
+    def label_scores(self, input_ids, attention_mask, starts):
+        """Each document's label scores (B, V), each label scored at its own depth's slot. A
+        label is predicted when its score is above 0 (Sec. 3)."""
+        hidden = self.encode(input_ids, attention_mask)
+        scores = self.score(self.slots(hidden, starts))
+        return scores.masked_fill(~self.valid, -math.inf).amax(1).float()  # Eq. 1: p^d over V^d
+
+
+class LHMix(Classifier):
+    """A BERT-style masked LM prompted with the label tree (Sec. 3.2). Its vocabulary gains a
+    token per label (their embeddings are the verbalizer), a token [Dd] per depth and the slot
+    token [P], with ids base_vocab + [labels | depths | slot]."""
+    arch, mlm_term = 'prompt', True
+
+    def make_head(self):
+        """Return the prompt and `valid`, and grow the vocabulary by the new tokens. Row d of
+        `valid` marks the labels that depth d's slot [P] scores: those of depth d (Eq. 1)."""
+        h, D, mlm = self.hierarchy, self.hierarchy.num_depths, self.mlm
+        self.depth_ids = [self.base_vocab + len(h) + d for d in range(D)]
+        self.slot_id = self.base_vocab + len(h) + D
+        if not hasattr(mlm, 'cls'):
+            raise ValueError(f'{type(mlm).__name__}: not a BERT-style masked LM (cls.predictions)')
+        if mlm.get_input_embeddings().num_embeddings != self.slot_id + 1:
+            # The new rows are left for initialize() to set, not averaged.
+            mlm.resize_token_embeddings(self.slot_id + 1, mean_resizing=False)
+        # The MLM head's transform (dense, activation, LayerNorm) is the classifier of Eq. 1's
+        # f^d, and the label tokens' embeddings are its verbalizer.
+        self.transform = mlm.cls.predictions.transform  # Eq. 1: f^d's classifier
+        self.label_bias = nn.Parameter(torch.zeros(len(h)))
+        prefix = template(D, self.special['cls'], self.special['sep'], self.depth_ids, self.slot_id)
+        valid = torch.arange(1, D + 1)[:, None] == torch.tensor(h.depth)  # Eq. 1: V^d
+        return prefix, valid
+
+    @torch.no_grad()
+    def initialize(self, tokenizer):
+        """Starts the new tokens: each label token as the mean embedding of its name's
+        word-pieces, the depth tokens random (Sec. 5.2), [P] as [MASK] (the authors' code)."""
+        emb = self.mlm.get_input_embeddings().weight
+        for v, ids in enumerate(self.name_ids(tokenizer)):
+            emb[self.base_vocab + v] = emb[ids].mean(0)
+        for d in self.depth_ids:
+            emb[d].normal_(0.0, self.mlm.config.initializer_range)
+        emb[self.slot_id] = emb[self.special['mask']]
+
+    def label_embeddings(self):
+        """The verbalizer: the label tokens' rows of the input embeddings (V, H)."""
+        b = self.base_vocab
+        return self.mlm.get_input_embeddings().weight[b:b + len(self.hierarchy)]
 
     def score(self, slot_hidden):
         """Eq. 1's scores p^d (B, slots, V); only the `valid` labels of each slot mean anything."""
@@ -209,25 +214,24 @@ class LHMix(nn.Module):
         x = hidden.flatten(0, 1).index_select(0, positions)
         return F.cross_entropy(self.mlm.get_output_embeddings()(self.transform(x)).float(), labels)
 
-    def forward(self, **batch):
-        """training_loss(self, **batch): Eqs. 2-7."""
-        return training_loss(self, **batch)
-
-    @torch.no_grad()
-    def label_scores(self, input_ids, attention_mask, starts):
-        """Each document's label scores (B, V), each label scored at its own depth's slot. A
-        label is predicted when its score is above 0 (Sec. 3)."""
-        hidden = self.encode(input_ids, attention_mask)
-        scores = self.score(self.slots(hidden, starts))
-        return scores.masked_fill(~self.valid, -math.inf).amax(1).float()  # Eq. 1: p^d over V^d
-
 
 def build_model(mlm, tokenizer, hierarchy, arch, max_length=512):
-    """A fresh LHMix (arch 'prompt') or FlatBERT ('bert'), its new tokens started by its
-    `initialize`: each label token from its name, with a warning of names without word-pieces."""
+    """A fresh LHMix (arch 'prompt') or FlatBERT ('bert'), started by its `initialize`. Warns, in
+    one line, of the labels whose names give no word-piece but [UNK], and why."""
     special = {'cls': tokenizer.cls_token_id, 'sep': tokenizer.sep_token_id,
                'pad': tokenizer.pad_token_id, 'mask': tokenizer.mask_token_id}
     model = ARCHS[arch](mlm, hierarchy, len(tokenizer), special, max_length)
+    pieces = [tokenizer(name, add_special_tokens=False)['input_ids'] for name in hierarchy.names]
+    unk = tokenizer.unk_token_id
+    empty = [v for v, p in zip(hierarchy.labels, pieces) if not p]
+    unknown = [v for v, p in zip(hierarchy.labels, pieces) if p and set(p) == {unk}]
+    if empty or unknown:  # Each cause with its fix, for train.py's user and the API's.
+        warnings.warn('; '.join(filter(None, [
+            empty and f'labels {empty}: their names hold no word (rename them: train.py reads '
+            'label_names.tsv in the data folder, the API Hierarchy(parents, names))',
+            unknown and f"labels {unknown}: the tokenizer's vocabulary has none of their names' "
+            'words, only [UNK] (take a model whose vocabulary has them, train.py --model, or '
+            'rename them)'])) + ': so they start alike, and are alike in local hierarchies')
     model.initialize(tokenizer)
     return model
 
@@ -258,10 +262,11 @@ def plain_zmlce(scores, targets, valid=None):
 
 def local_hierarchy_ids(model, label_ids, name_ids):
     """Sec. 4.1: a gold label set as the sequence `[CLS] [D1] <names at depth 1> [D2] ... [SEP]`,
-    the names of one depth in the order of their label ids."""
+    the names of one depth in the order of their label ids. The flat BERT has no depth tokens:
+    there the depths' names follow one another."""
     ids = [model.special['cls']]
-    for d, depth_id in enumerate(model.depth_ids, 1):
-        ids += [depth_id]
+    for d in range(1, model.hierarchy.num_depths + 1):
+        ids += model.depth_ids[d - 1:d]  # [Dd]
         ids += [t for v in label_ids if model.hierarchy.depth[v] == d for t in name_ids[v]]
     return ids + [model.special['sep']]
 
@@ -280,7 +285,7 @@ def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
     model.eval()
     out = []
     for i in range(0, len(seqs), batch_size):
-        b = layout(seqs[i:i + batch_size], model.special['pad'], 1)
+        b = pad_rows(seqs[i:i + batch_size], model.special['pad'], 1)
         ids, mask = b['input_ids'].to(device), b['attention_mask'].to(device)
         out.append(model.encode(ids, mask)[:, 0].float())  # Eq. 3's h_[CLS]
     model.train(was_training)
@@ -329,27 +334,36 @@ def mix_hidden(h_i, h_j, lam):
     return torch.lerp(h_j.float(), h_i.float(), lam).to(h_i.dtype)  # Eq. 5
 
 
-def training_loss(model, input_ids, starts, targets, attention_mask=None, position_ids=None,
-                  offsets=None, partner=None, lam=None, hierarchy_ids=None, mlm_pos=None,
-                  mlm_labels=None):
-    """Return (loss, lambda or None) of a batch from make_batch. Each document mixes with the one
-    at `partner` by the ratio `lam` (vanilla Mixup), a tensor (B,) of ratios in [0, 1], or by
-    LH-Mix's ratio from its local hierarchy, `hierarchy_ids`. A `lam` is checked to lie in [0, 1]
-    unless it is on a GPU, where the check would wait for the GPU. The loss is summed
-    over the depths (the paper does not say how they combine; the authors' code takes one ZMLCE
-    over all labels) and averaged over the documents, plus HPT's MLM term when any text is
-    masked."""
+def check_mixup(model, n, partner, lam, hierarchy_ids):
+    """Refuses, in one line naming the fix, a Mixup that training_loss cannot run for n
+    documents."""
     if (lam is not None) + (hierarchy_ids is not None) != (partner is not None):
         raise ValueError('Mixup takes `partner` and one ratio: give it either `lam` (vanilla '
                          'Mixup) or `hierarchy_ids` (LH-Mix)')
     if lam is not None and not torch.is_tensor(lam):
         raise TypeError(f'lam {lam!r}: give a tensor, one ratio per document')
+    for name, x in (('partner', partner), ('lam', lam), ('hierarchy_ids', hierarchy_ids)):
+        if x is not None and tuple(x.shape) != (n,):
+            raise ValueError(f'{name} of shape {tuple(x.shape)} for {n} documents: give one '
+                             'per document, a tensor of shape (B,)')
+    # On a GPU the check would wait for the GPU.
     if lam is not None and not lam.is_cuda and not ((lam >= 0) & (lam <= 1)).all():
         raise ValueError(f'lam {lam.tolist()}: give ratios in [0, 1]')
     if hierarchy_ids is not None and model.local_hierarchies is None:
         raise ValueError('hierarchy_ids needs the local hierarchies: call '
                          'lhmix.use_local_hierarchies(model, table, alpha, beta) first')
-    hidden = model.encode(input_ids, attention_mask, position_ids, offsets)
+
+
+def training_loss(model, input_ids, starts, targets, attention_mask=None, partner=None, lam=None,
+                  hierarchy_ids=None, mlm_pos=None, mlm_labels=None, **packed):
+    """Return (loss, lambda or None) of a batch from make_batch. Each document mixes with the one
+    at `partner` by the ratio `lam` (vanilla Mixup), a tensor (B,) of ratios in [0, 1], or by
+    LH-Mix's ratio from its local hierarchy, `hierarchy_ids`. The loss is summed over the depths
+    (the paper does not say how they combine; the authors' code takes one ZMLCE over all labels)
+    and averaged over the documents, plus HPT's MLM term when any text is masked. `packed`: a
+    packed row's encoder inputs (speed.py)."""
+    check_mixup(model, len(starts), partner, lam, hierarchy_ids)
+    hidden = model.encode(input_ids, attention_mask, **packed)
     h, t = model.slots(hidden, starts), targets[:, None, :]  # Eqs. 1 and 5: h^d
     if partner is None:
         loss = model.loss(model.score(h), t)  # Eq. 2
@@ -370,22 +384,23 @@ def training_loss(model, input_ids, starts, targets, attention_mask=None, positi
 
 # Not LH-Mix: Table 3's flat BERT, HGCLR's baseline
 
-class FlatBERT(LHMix):
+class FlatBERT(Classifier):
     """Table 3's flat BERT, HGCLR's: the text alone after [CLS], whose state dropout and a linear
-    layer map to every label's score, and binary cross-entropy. Mixup mixes the [CLS] states
-    (Eqs. 5-7 with this score and loss; the paper does not say which states its rows mix)."""
-    arch = 'bert'
+    layer map to every label's score, and binary cross-entropy. It adds no token to the
+    vocabulary and trains without HPT's MLM term. Mixup mixes the [CLS] states (Eqs. 5-7 with
+    this score and loss; the paper does not say which states its rows mix)."""
+    arch, mlm_term, depth_ids = 'bert', False, ()
 
-    def head(self):
-        """Return ([CLS], its one slot, every label valid), and make HGCLR's classifier."""
+    def make_head(self):
+        """Return ([CLS], every label valid at its one slot), and make HGCLR's classifier."""
+        self.slot_id = self.special['cls']
         self.dropout = nn.Dropout(self.mlm.config.hidden_dropout_prob)
         self.classifier = nn.Linear(self.mlm.config.hidden_size, len(self.hierarchy))
-        return [self.special['cls']], [0], torch.ones(1, len(self.hierarchy)).bool()
+        return [self.slot_id], torch.ones(1, len(self.hierarchy), dtype=torch.bool)
 
     @torch.no_grad()
     def initialize(self, tokenizer):
-        """LHMix's, then the classifier as HGCLR starts it: normal(0, initializer_range), bias 0."""
-        super().initialize(tokenizer)
+        """The classifier as HGCLR starts it: normal(0, initializer_range), bias 0."""
         self.classifier.weight.normal_(0.0, self.mlm.config.initializer_range)
         self.classifier.bias.zero_()
 
@@ -402,28 +417,7 @@ class FlatBERT(LHMix):
 ARCHS = {m.arch: m for m in (LHMix, FlatBERT)}  # build_model's `arch`; runs.py's checkpoints
 
 
-# Not in the paper: the encoder's attention, tokens, batches, prediction and CUDA graphs
-
-TRANSFORMERS_5 = int(transformers.__version__.split('.')[0]) >= 5
-if TRANSFORMERS_5:  # Its attention interface lets a packed row attend per document, below.
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-
-def adapt_encoder(mlm, vocab_size):
-    """Readies a masked LM for LHMix: its vocabulary grows to `vocab_size` (the new rows are left
-    for build_model to set, not averaged), and on transformers 5 its attention becomes
-    document_attention, so that a packed row's documents attend to themselves only."""
-    if not hasattr(mlm, 'cls'):
-        raise ValueError(f'{type(mlm).__name__}: not a BERT-style masked LM (cls.predictions)')
-    if mlm.get_input_embeddings().num_embeddings != vocab_size:
-        mlm.resize_token_embeddings(vocab_size, mean_resizing=False)
-    if TRANSFORMERS_5:  # Registered here, so that importing this module changes nothing.
-        # Imported here too: importing masking_utils sets an environment variable (torch's).
-        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-        transformers.AttentionInterface.register('lhmix', document_attention)
-        AttentionMaskInterface.register('lhmix', ALL_MASK_ATTENTION_FUNCTIONS['sdpa'])
-        mlm.set_attn_implementation('lhmix')
-
+# Not in the paper: tokens, batches and prediction
 
 def tokenize(tokenizer, texts, max_text_len):
     """Return (each text's word-pieces, its first max_text_len kept; how many texts were cut)."""
@@ -433,78 +427,42 @@ def tokenize(tokenizer, texts, max_text_len):
             sum(len(t) > max_text_len for t in ids))
 
 
-# A packed row's length is a multiple of PACKED, so that CUDA graphs see few shapes; on WOS's
-# lengths this pads about 1% of a row.
-PACKED = 128
-
-
-def layout(seqs, pad_id, multiple, pack=False):
-    """Id lists laid out as a batch: input_ids, attention_mask, and `starts`, each list's first
-    flat position. Rows are padded to a multiple of `multiple`. With `pack`, all lists share one
-    row, a multiple of PACKED long, with position_ids and `offsets`: each list's start, then the
-    padding's start (it is a document of its own), then the row's end."""
+def pad_rows(seqs, pad_id, multiple):
+    """Id lists laid out a row each, padded to a multiple of `multiple`: input_ids,
+    attention_mask, and `starts`, each list's first flat position."""
     lengths = np.array([len(s) for s in seqs])
-    if pack:
-        ends = np.cumsum(lengths)
-        T = (ends[-1] // PACKED + 1) * PACKED  # At least one padding token ends the row.
-        ids, pos = np.full((1, T), pad_id, dtype=np.int64), np.zeros((1, T), dtype=np.int64)
-        ids[0, :ends[-1]] = np.concatenate(seqs)
-        pos[0, :ends[-1]] = np.concatenate([np.arange(k) for k in lengths])
-        offsets = np.concatenate([[0], ends, [T]])
-        out = {'input_ids': ids, 'position_ids': pos, 'offsets': offsets, 'starts': offsets[:-2]}
-    else:
-        T = -(-lengths.max() // multiple) * multiple
-        mask = np.arange(T) < lengths[:, None]
-        ids = np.full(mask.shape, pad_id, dtype=np.int64)
-        ids[mask] = np.concatenate(seqs)
-        out = {'input_ids': ids, 'attention_mask': mask.astype(np.int64),
-               'starts': np.arange(len(seqs)) * T}
-    return {k: torch.from_numpy(v) for k, v in out.items()}
+    T = -(-lengths.max() // multiple) * multiple
+    mask = np.arange(T) < lengths[:, None]
+    ids = np.full(mask.shape, pad_id, dtype=np.int64)
+    ids[mask] = np.concatenate(seqs)
+    return {'input_ids': torch.from_numpy(ids),
+            'attention_mask': torch.from_numpy(mask.astype(np.int64)),
+            'starts': torch.arange(len(seqs)) * T}
 
 
-def document_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
-                       cu_seq_lens_q=None, max_length_q=None, **kwargs):
-    """transformers' SDPA attention, except in a packed row (cu_seq_lens_q holds each document's
-    start and the row's end). There SDPA runs per document on a nested jagged tensor, which does
-    no work across documents: flash-attention's variable-length kernel on a GPU."""
-    if cu_seq_lens_q is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, **kwargs)
-    q, k, v = (torch.nested.nested_tensor_from_jagged(  # (1, heads, T, d) -> (docs, heads, n, d)
-        x[0].transpose(0, 1), cu_seq_lens_q, min_seqlen=1, max_seqlen=max_length_q
-    ).transpose(1, 2) for x in (query, key, value))
-    out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling)
-    return out.transpose(1, 2).values()[None], None  # (1, T, heads, d), as transformers' own
-
-
-def make_batch(model, token_ids, labels, rng=None, mlm_rate=0.0, for_cuda_graphs=False,
-               pack=False):
-    """`prompt text [SEP]` for each document, laid out (see layout) in rows padded to a multiple
-    of 16 on a GPU (tensor cores), 8 on a CPU, and `targets` (B, V): each label set closed upward
-    (Hierarchy.closure), so leaves alone will do. With mlm_rate, the text is masked for HPT's MLM
-    term (mask_tokens, drawing from `rng`); `for_cuda_graphs` pads its positions (graph_padded).
-    Everything is made on the CPU: no step syncs."""
+def make_batch(model, token_ids, labels, rng=None, mlm_rate=0.0, layout=pad_rows):
+    """`prefix text [SEP]` for each document, laid out by `layout` (pad_rows, or speed.py's
+    packed row) to a multiple of 16 on a GPU (tensor cores), 8 on a CPU, and `targets` (B, V):
+    each label set closed upward (Hierarchy.closure), so leaves alone will do. With mlm_rate, the
+    text is masked for HPT's MLM term (mask_tokens, drawing from `rng`). Everything is made on
+    the CPU: no step syncs."""
     if len(labels) != len(token_ids):
         raise ValueError(f'{len(token_ids)} texts, {len(labels)} label lists: give one per text')
     if mlm_rate > 0 and rng is None:
         raise ValueError('mlm_rate > 0 draws masks: give rng=numpy.random.default_rng(seed)')
     multiple = 16 if next(model.parameters()).is_cuda else 8
     seqs = [np.concatenate([model.prefix, t, [model.special['sep']]]) for t in token_ids]
-    batch = layout(seqs, model.special['pad'], multiple, pack)
+    batch = layout(seqs, model.special['pad'], multiple)
     batch['targets'] = torch.zeros(len(token_ids), len(model.hierarchy), dtype=torch.bool)
     for b, ls in enumerate(labels):
         batch['targets'][b, model.hierarchy.closure(ls)] = True
     if mlm_rate > 0:
         texts = batch['starts'].numpy() + len(model.prefix)
         pos, gold = mask_tokens(batch['input_ids'], texts, token_ids, rng, mlm_rate,
-                              model.special['mask'])
+                                model.special['mask'])
         if len(pos):  # A batch with nothing masked has no MLM term.
-            if for_cuda_graphs:
-                pos, gold = graph_padded(pos, gold, batch['input_ids'].numel(), mlm_rate)
             batch['mlm_pos'], batch['mlm_labels'] = pos, gold
     return batch
-
-
 def mask_tokens(input_ids, text_starts, token_ids, rng, rate, mask_id):
     """BERT's masking, which HPT's MLM term trains on, done in place on `input_ids`: each text
     word-piece (the texts `token_ids` begin at the flat positions `text_starts`) is chosen with
@@ -551,54 +509,6 @@ def autocast(device):
     cuda = device.type == 'cuda'
     dtype = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float16
     return torch.autocast(device.type, dtype, enabled=cuda, cache_enabled=False)
-
-
-def cuda_graphs_unavailable(device):
-    """Why CUDA graphs cannot run training steps on `device`, or None when they can."""
-    if device.type != 'cuda':
-        return 'not a CUDA device'
-    if not torch.cuda.is_bf16_supported():
-        return 'no bf16 on this GPU (fp16 needs a loss scaler that syncs)'
-    if not TRANSFORMERS_5:
-        return 'transformers 4 syncs inside the encoder (5 does not)'
-    return None
-
-
-def graph_padded(pos, gold, cells, rate):
-    """The masked positions and their ids padded for CUDA graphs, which need a fixed count per
-    batch shape: the mean + 8 sd of the count of `cells` positions masked at `rate`, in 64s, the
-    padding labelled -100, which cross-entropy ignores."""
-    cap = int(-(-(rate * cells + 8 * math.sqrt(cells * rate * (1 - rate)) + 1) // 64) * 64)
-    cap *= -(-len(pos) // cap)
-    return F.pad(pos, (0, cap - len(pos))), F.pad(gold, (0, cap - len(gold)), value=-100)
-
-
-class CUDAGraphs:
-    """Calls fn(batch) through CUDA graphs, one captured per set of batch shapes, so that a step
-    costs the GPU's kernel time and no Python. A shape's first batch runs fn eagerly, on a side
-    stream as a capture asks, and then fn is captured, which records it without running it;
-    later batches of that shape replay the graph. A replay overwrites the last one's outputs."""
-
-    def __init__(self, fn):
-        self.fn, self.graphs, self.pool = fn, {}, torch.cuda.graph_pool_handle()
-
-    def __call__(self, batch):
-        key = tuple((k, tuple(v.shape), v.dtype) for k, v in batch.items())
-        if key in self.graphs:
-            graph, inputs, outputs = self.graphs[key]
-            for k, v in batch.items():
-                inputs[k].copy_(v, non_blocking=True)
-            graph.replay()
-            return outputs
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            out = self.fn(batch)
-        torch.cuda.current_stream().wait_stream(side)
-        inputs, graph = {k: v.clone() for k, v in batch.items()}, torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            self.graphs[key] = graph, inputs, self.fn(inputs)
-        return out
 
 
 @torch.no_grad()

@@ -1,10 +1,12 @@
-"""A train.py run on disk: its folder, which one train.py at a time holds, its files and
-checkpoints; and the one error exit of the scripts."""
+"""A train.py run on disk: files written whole, the run's folder, which one train.py at a time
+holds, its files and checkpoints; and what the scripts share: --device and the one error exit."""
+import argparse
 import contextlib
 import fcntl
 import hashlib
 import json
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -13,8 +15,43 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save
 
-from data import one_line, temporary, write_whole
 from lhmix import ARCHS, Hierarchy
+
+
+# Files written whole: a kill at any instant leaves the old file or the new one
+
+def temporary(path):
+    """Return the temporary file of write_whole for `path`: .NAME.tmp beside it."""
+    folder, name = os.path.split(path)
+    return os.path.join(folder, f'.{name}.tmp')
+
+
+def write_whole(path, text):
+    """Writes `text` (str or bytes) to `path` whole or not at all, making its folder: a synced
+    temporary renamed over it, removed on any failure (disk full, Ctrl-C). OSErrors name `path`."""
+    folder, tmp = os.path.dirname(os.path.abspath(path)), temporary(path)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(tmp, 'wb') as f:  # A plain open(), so that the file has the umask's modes.
+            f.write(text if isinstance(text, bytes) else text.encode('utf-8'))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fd = os.open(folder, os.O_RDONLY)  # The folder is synced so that the rename is on disk.
+        os.fsync(fd)
+        os.close(fd)
+    except BaseException as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        if isinstance(e, OSError) and not e.filename:  # fsync's error names no file.
+            e.filename = path
+        raise
+
+
+def one_line(e):
+    """An exception as one line: its type and its message, whitespace collapsed."""
+    return ' '.join(f'{type(e).__name__}: {e}'.split())
+
 
 # A run's figures and its checkpoints: best/ holds the best dev macro-F1's, last/ the one to
 # resume from. A checkpoint's files are written in the order of CHECKPOINT, its weights last.
@@ -292,7 +329,28 @@ class RunFolder:
         self.saved, self.replacing = True, False
 
 
-# The one error exit of the scripts
+# What the scripts share: --device, and the one error exit
+
+def device(name):
+    """Return the torch.device of cpu, cuda or cuda:N: an argparse type, so that a device that is
+    not there is refused before anything is computed."""
+    cuda = torch.cuda.is_available()
+    if not re.fullmatch(r'cpu|cuda(:\d+)?' if cuda else 'cpu', name):
+        raise argparse.ArgumentTypeError(f'{name}: only cpu' + (', cuda or cuda:N' if cuda else
+                                                                ' (no CUDA GPU here)'))
+    n, index = torch.cuda.device_count() if cuda else 0, torch.device(name).index
+    if index is not None and index >= n:  # Torch would fail only once the data is read.
+        raise argparse.ArgumentTypeError(f'{name}: CUDA sees {n} GPU' + (
+            f's here (cuda:0 to cuda:{n - 1})' if n > 1 else ' here (cuda:0)'))
+    return torch.device(name)
+
+
+def add_device(parser):
+    """Adds --device to a script's flags."""
+    parser.add_argument('--device', type=device,
+                        default='cuda' if torch.cuda.is_available() else 'cpu',
+                        help='cpu, cuda or cuda:N (default: cuda if there is one)')
+
 
 def exit_on_error(main, *args):
     """Runs main(*args). A mistake, the OS's refusal, no GPU memory or Ctrl-C end it in one line
@@ -310,4 +368,4 @@ def exit_on_error(main, *args):
     except OSError as e:  # The OS's own words.
         sys.exit(f'error: {e.filename}: {e.strerror}' if e.filename else f'error: {e}')
     except (ValueError, FloatingPointError) as e:
-        sys.exit('error: ' + str(e).replace('\n', ' '))
+        sys.exit('error: ' + ' '.join(str(e).split()))

@@ -309,7 +309,7 @@ def tiny():
     return tiny_model(lhmix.Hierarchy(PARENTS))
 
 
-def test_template_embeddings_batch_layout_mlm_masks_only_text_graph_padding_same_loss(tiny):
+def test_template_embeddings_batch_layout_and_mlm_masks_only_text(tiny):
     assert lhmix.template(3, 101, 102, [7, 8, 9], 5) == [101, 7, 5, 8, 5, 9, 5, 102]
     model, tok = tiny
     V, cls, sep, mask, base = 6, tok.cls_token_id, tok.sep_token_id, tok.mask_token_id, len(tok)
@@ -332,12 +332,6 @@ def test_template_embeddings_batch_layout_mlm_masks_only_text_graph_padding_same
     assert b['attention_mask'].tolist() == [[1] * len(r) + [0] * (T - len(r)) for r in rows]
     assert b['starts'].tolist() == [0, 16, 32] and 'position_ids' not in b
     assert b['targets'].tolist() == [[1, 0, 1, 0, 0, 0], [0, 1, 0, 0, 0, 0], [1, 0, 0, 1, 0, 0]]
-    # packed: all in one row of 128 (12 + 10 + 11 tokens, then padding as a document of its own)
-    b = lhmix.make_batch(model, docs, labels, pack=True)
-    assert b['input_ids'].tolist() == [rows[0] + rows[1] + rows[2] + [pad] * 95]
-    assert b['position_ids'].tolist() == [[*range(12), *range(10), *range(11)] + [0] * 95]
-    assert b['offsets'].tolist() == [0, 12, 22, 33, 128] and 'attention_mask' not in b
-    assert b['starts'].tolist() == [0, 12, 22] and b['targets'][0].tolist() == [1, 0, 1, 0, 0, 0]
     # MLM: masks drawn in the texts only
     rng = np.random.default_rng(0)
     texts = [rng.integers(5, len(tok), n) for n in [150] + list(rng.integers(1, 12, 60))]
@@ -352,20 +346,7 @@ def test_template_embeddings_batch_layout_mlm_masks_only_text_graph_padding_same
     assert torch.equal(ids[others], plain[others])  # nothing else touched
     assert 0.10 < len(pos) / sum(len(t) for t in texts) < 0.20
     assert 0.6 < (ids[pos] == model.special['mask']).float().mean() < 0.95  # most of them [MASK]
-    # for_cuda_graphs: the same positions, padded, and the same loss
     docs = [np.arange(5, 5 + k) for k in (9, 14, 30)]
-    a, b = (lhmix.make_batch(model, docs, [[0], [1], [2]], np.random.default_rng(3), 0.15,
-                             for_cuda_graphs=graphs) for graphs in (False, True))
-    n, cells = len(a['mlm_pos']), a['input_ids'].numel()
-    # one count per shape: the mean + 8 sd of Binomial(cells, 0.15) (+1), rounded up to 64
-    assert len(b['mlm_pos']) == 64 * math.ceil((0.15 * cells + 8 * (cells * 0.15 * 0.85) ** 0.5
-                                                + 1) / 64) > n
-    assert torch.equal(a['input_ids'], b['input_ids']) and (b['mlm_labels'][n:] == -100).all()
-    assert torch.equal(b['mlm_pos'][:n], a['mlm_pos'])
-    assert torch.equal(b['mlm_labels'][:n], a['mlm_labels'])
-    model.eval()  # no dropout: the two calls see the same network
-    with torch.no_grad():
-        assert model(**a)[0].item() == pytest.approx(model(**b)[0].item(), rel=1e-6)
     # MLM on but so rare that nothing is drawn, as in a short last batch: no MLM term, finite
     c = lhmix.make_batch(model, docs[:2], [[0], [1]], np.random.default_rng(0), 1e-12)
     assert 'mlm_pos' not in c and torch.isfinite(model(**c)[0])
@@ -506,41 +487,6 @@ def test_mlm_masking_selects_15_percent_of_text_then_80_10_10():
     assert set(ids[pos][(ids[pos] != 4) & (ids[pos] != gold)].tolist()) <= set(words.tolist())
 
 
-@pytest.mark.skipif(not lhmix.TRANSFORMERS_5, reason='packed rows need transformers 5')
-@pytest.mark.parametrize('device, tol, atol', [('cpu', 1e-10, 1e-12)]
-                         + [('cuda', 5e-2, 1e-3)] * CUDA)
-@pytest.mark.parametrize('arch, mix', [('prompt', 'lhmix'), ('prompt', 'mixup'), ('bert', 'lhmix')])
-def test_one_packed_row_gives_the_loss_and_gradients_of_one_document_a_row(arch, mix, device,
-                                                                            tol, atol):
-    """Random (mixing) batches go in one packed row on GPUs. No dropout; float64 on the CPU, bf16
-    autocast on a GPU (flash-attention's varlen kernel)."""
-    torch.manual_seed(0)
-    dev = torch.device(device)
-    model, tok = tiny_model(lhmix.Hierarchy(PARENTS), arch)
-    model.to(dev, torch.float64 if device == 'cpu' else torch.float32).eval()
-    rng = np.random.default_rng(0)
-    docs = [rng.integers(5, len(tok), int(k)) for k in rng.integers(3, 40, 7)]
-    labels = [[0, 2], [1, 4], [0, 2, 3, 5], [1], [0], [1, 4], [0, 2, 5]]
-    partner = torch.tensor([3, 0, 6, 1, 2, 5, 4])
-    mixing = {'partner': partner, 'lam': torch.tensor([0.9, 0.5, 0.7, 0.6, 1.0, 0.55, 0.8])}
-    if mix == 'lhmix':  # Eqs. 3-4 from the model's table, as train.py's step
-        lhmix.use_local_hierarchies(model, torch.randn(7, 16), 1.0, 0.75)
-        mixing = {'partner': partner, 'hierarchy_ids': torch.arange(7)}
-    out = []
-    for pack in (False, True):
-        b = lhmix.make_batch(model, docs, labels, np.random.default_rng(1),
-                             0.15 if arch == 'prompt' else 0, pack=pack)
-        model.zero_grad(set_to_none=True)
-        with lhmix.autocast(dev):
-            loss, _ = model(**lhmix.to_device({**b, **mixing}, dev))
-        loss.backward()
-        out.append((loss.item(), [p.grad for p in model.parameters()], b['input_ids'].shape))
-    (whole, grads, shape), (packed, packed_grads, packed_shape) = out
-    assert packed_shape[0] == 1 and shape[0] == 7 and packed == pytest.approx(whole, rel=tol)
-    for g, h in zip(grads, packed_grads):  # None: a weight the arch does not use
-        assert (g is None) == (h is None) and (g is None or (h - g).norm() <= tol * g.norm() + atol)
-
-
 @pytest.mark.parametrize('device, bf16, want', [('cpu', True, None), ('cuda', True, torch.bfloat16),
                                                ('cuda', False, torch.float16)])
 def test_autocast_bf16_on_gpus_that_have_it_else_fp16_none_on_the_cpu(monkeypatch, device, bf16,
@@ -563,6 +509,9 @@ def test_local_hierarchy_ids_and_table_equal_live_frozen_encoder(tiny):
     w, (d1, d2, d3) = tok.convert_tokens_to_ids, model.depth_ids
     assert ids == [tok.cls_token_id, d1, w('sci'), w('art'), d2, w('quantum'), w('physics'), d3,
                    tok.sep_token_id]
+    flat, _ = tiny_model(lhmix.Hierarchy(PARENTS), 'bert')  # no depth tokens: names alone
+    assert lhmix.local_hierarchy_ids(flat, [0, 1, 2], flat.name_ids(tok)) == [
+        tok.cls_token_id, w('sci'), w('art'), w('quantum'), w('physics'), tok.sep_token_id]
     sets = [[0, 2], [1], [2, 0], [0, 2, 5], [1, 4], [5]]  # [5], a leaf alone: closed upward
     lhmix.local_hierarchy_table(model.eval(), tok, sets)
     assert not model.training  # mode restored
@@ -655,8 +604,11 @@ def test_flat_bert_scores_by_a_linear_layer_on_dropout_of_cls_and_trains_by_bce(
     assert lhmix.ARCHS == {'prompt': lhmix.LHMix, 'bert': lhmix.FlatBERT}
     torch.manual_seed(0)
     model, tok = tiny_model(lhmix.Hierarchy(PARENTS), 'bert')
-    assert type(model) is lhmix.FlatBERT and model.arch == 'bert'
+    assert type(model) is lhmix.FlatBERT and model.arch == 'bert' and not model.mlm_term
+    assert not isinstance(model, lhmix.LHMix) and lhmix.LHMix.mlm_term
     assert model.prefix == [tok.cls_token_id] and not hasattr(model, 'label_bias')
+    # no prompt: no label, depth or slot token in the vocabulary
+    assert model.mlm.get_input_embeddings().num_embeddings == len(tok) and not model.depth_ids
     p = model.mlm.config.hidden_dropout_prob
     W, bias = (x.detach().double().numpy() for x in (model.classifier.weight,
                                                      model.classifier.bias))
@@ -686,11 +638,17 @@ def test_flat_bert_scores_by_a_linear_layer_on_dropout_of_cls_and_trains_by_bce(
     assert np.array_equal(scores > 0, s > 0) and (s > 0).any() and not (s > 0).all()
 
 
-def test_flat_bert_head_starts_as_hgclr_initialises_it():
+def test_flat_bert_head_starts_as_hgclr_initialises_it_and_the_encoder_as_it_was():
     """normal(0, initializer_range = 0.02), zero bias (HGCLR's init_weights), not PyTorch's
-    uniform default (sd 1 / sqrt(3 * 128) = 0.051 at hidden 128): 5 sampling sds of the sd."""
+    uniform default (sd 1 / sqrt(3 * 128) = 0.051 at hidden 128): 5 sampling sds of the sd. The
+    encoder's weights are the masked LM's, untouched."""
     torch.manual_seed(0)
-    model, _ = tiny_model(lhmix.Hierarchy(PARENTS), 'bert')
+    model, tok = tiny_model(lhmix.Hierarchy(PARENTS), 'bert')
+    torch.manual_seed(0)  # tiny_model's masked LM again, from the same seed
+    again = BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=128, num_hidden_layers=2,
+                                       num_attention_heads=2, intermediate_size=256))
+    for (k, v), (k2, w) in zip(model.mlm.state_dict().items(), again.state_dict().items()):
+        assert k == k2 and torch.equal(v, w), k
     w, n = model.classifier.weight.detach().double(), model.classifier.weight.numel()
     assert model.mlm.config.initializer_range == 0.02 and n == 6 * 128
     assert abs(w.std().item() - 0.02) < 5 * 0.02 / math.sqrt(2 * n)
@@ -702,9 +660,11 @@ def test_flat_bert_head_starts_as_hgclr_initialises_it():
 
 def test_misuse_ends_in_one_line_naming_the_fix(monkeypatch):
     """Mixing by local hierarchies before the model has them, by no ratio or by two, a ratio
-    without a partner, a ratio that is not a tensor or not in [0, 1], label lists that are not
-    one per text, a label id outside the tree, MLM masking without a random generator: each
-    refused before the encoder runs, in one line that names what to give."""
+    without a partner, a ratio that is not a tensor or not in [0, 1], a ratio, partner or
+    hierarchy id list not one per document, label lists that are not one per text, labels given
+    by name, a label id outside the tree, MLM masking without a random generator, a max_length
+    that leaves no text word-piece: each refused before the encoder runs, in one line that names
+    what to give."""
     model, tok = tiny_model(lhmix.Hierarchy(PARENTS))
     docs = [np.array([5, 6, 7]), np.array([8])]
     b, pair, ids = lhmix.make_batch(model, docs, [[0], [1]]), torch.tensor([1, 0]), torch.arange(2)
@@ -724,6 +684,15 @@ def test_misuse_ends_in_one_line_naming_the_fix(monkeypatch):
     for lam in ([0.5, 1.5], [-0.25, 0.5], [0.5, math.nan]):
         assert error(lambda: model(**b, partner=pair, lam=torch.tensor(lam))) == (
             f'lam {lam}: give ratios in [0, 1]')
+    for name, mixing in (('lam', {'lam': torch.ones(3)}), ('partner', {'lam': torch.ones(2)}),
+                         ('hierarchy_ids', {'hierarchy_ids': torch.arange(1)})):
+        mixing = {'partner': torch.tensor([1, 0, 0] if name == 'partner' else [1, 0]), **mixing}
+        shape = tuple(mixing[name].shape)
+        assert error(lambda: model(**b, **mixing)) == (
+            f'{name} of shape {shape} for 2 documents: give one per document, a tensor of shape '
+            '(B,)')
+    assert error(lambda: lhmix.make_batch(model, docs, [['Sci'], [1]]), TypeError) == (
+        "label 'Sci': give label ids, not names (hierarchy.index[name])")
     for labels in ([[0]], [[0], [1], [2]]):
         assert error(lambda: lhmix.make_batch(model, docs, labels)) == (
             f'2 texts, {len(labels)} label lists: give one per text')
@@ -733,54 +702,67 @@ def test_misuse_ends_in_one_line_naming_the_fix(monkeypatch):
         assert error(lambda: lhmix.local_hierarchy_table(model, tok, [[0], [v]])) == outside
     assert 'rng=numpy.random.default_rng(seed)' in error(
         lambda: lhmix.make_batch(model, docs, [[0], [1]], mlm_rate=0.15))
+    # the prompt of 3 depths is 8 tokens, and [SEP] closes the text: 10 leaves it 1 word-piece
+    mlm = model.mlm
+    assert lhmix.LHMix(mlm, model.hierarchy, len(tok), model.special, 10).text_budget(10) == 1
+    for n in (9, 513):
+        assert error(lambda: lhmix.LHMix(mlm, model.hierarchy, len(tok), model.special, n)) == (
+            f'max_length {n} leaves {n - 9} text tokens (at most 512 positions): give a '
+            'max_length from 10 to 512')
 
 
-def test_labels_whose_names_have_no_word_piece_are_named_in_one_warning():
-    """'___' (underscores read as spaces), 'ML/' (an empty last part) and '&' (unknown to the
-    vocabulary: [UNK] alone) have no word-piece: one warning names them, and they start as [UNK];
-    'rock & roll' has two, and a tree whose names all have some warns not."""
+def test_labels_whose_names_have_no_word_piece_are_named_in_one_warning_with_the_cause():
+    """'___' (underscores read as spaces) and 'ML/' (an empty last part) hold no word; '&' is
+    unknown to the vocabulary ([UNK] alone): one warning names each group with its cause and fix,
+    and they start as [UNK]; 'rock & roll' has word-pieces, and a tree whose names all have some
+    warns not. The flat BERT, which reads the names in local hierarchies, warns too."""
     with warnings.catch_warnings():
         warnings.simplefilter('error')
         tiny_model(lhmix.Hierarchy(PARENTS))
-    for parents, named in (({'Sci': None, 'ML/': None, 'Sci/___': 'Sci', 'Sci/rock_&_roll': 'Sci'},
-                            ['ML/', 'Sci/___']), ({'Sci': None, 'Sci/&': 'Sci'}, ['Sci/&'])):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter('always')
+    empty = ("labels {}: their names hold no word (rename them: train.py reads label_names.tsv "
+             'in the data folder, the API Hierarchy(parents, names))')
+    unknown = ("labels {}: the tokenizer's vocabulary has none of their names' words, only [UNK] "
+               '(take a model whose vocabulary has them, train.py --model, or rename them)')
+    end = ': so they start alike, and are alike in local hierarchies'
+    for parents, named, message in (
+            ({'Sci': None, 'ML/': None, 'Sci/___': 'Sci', 'Sci/rock_&_roll': 'Sci'},
+             ['ML/', 'Sci/___'], empty.format(['ML/', 'Sci/___']) + end),
+            ({'Sci': None, 'Sci/&': 'Sci', 'Sci/_': 'Sci'}, ['Sci/&', 'Sci/_'],
+             empty.format(['Sci/_']) + '; ' + unknown.format(['Sci/&']) + end)):
+        for arch in ('prompt', 'bert'):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter('always')
+                model, tok = tiny_model(lhmix.Hierarchy(parents), arch)
+            assert [str(w.message) for w in caught if w.filename == lhmix.__file__] == [message]
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')  # the warning just held
             model, tok = tiny_model(lhmix.Hierarchy(parents))
-        ours = [str(w.message) for w in caught if w.filename == lhmix.__file__]
-        assert ours == [f'labels {named}: their names have no word-piece but [UNK], so they '
-                        'start as [UNK] and are [UNK] alike in local hierarchies: name them '
-                        '(Hierarchy(parents, names))']
         emb = model.mlm.get_input_embeddings().weight
         for v, label in enumerate(parents):  # the label tokens follow the base vocabulary
             unk = torch.equal(emb[len(tok) + v], emb[tok.unk_token_id])
             assert unk == (label in named), label
 
 
-# Importing lhmix changes nothing outside it; adapting a model registers its attention, once
+# Importing lhmix, or building a model, changes nothing outside it
 
 IMPORT = """
-import transformers, torch
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+import os, transformers, torch
+from transformers.masking_utils import AttentionMaskInterface
 names = lambda: (set(transformers.AttentionInterface()), set(AttentionMaskInterface()))
-before = names()
+before, env = names(), dict(os.environ)
 import lhmix
-assert names() == before and 'lhmix' not in before[0] | before[1], names()
-for _ in range(2):  # a second model registers nothing more
-    mlm = transformers.BertForMaskedLM(transformers.BertConfig(
-        vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
-        intermediate_size=8))
-    lhmix.LHMix(mlm, lhmix.Hierarchy({'a': None}), 10, {'cls': 2, 'sep': 3, 'pad': 0, 'mask': 4})
-    assert names() == (before[0] | {'lhmix'}, before[1] | {'lhmix'}), names()
-    assert mlm.config._attn_implementation == 'lhmix'
-assert transformers.AttentionInterface()['lhmix'] is lhmix.document_attention
-assert AttentionMaskInterface()['lhmix'] is ALL_MASK_ATTENTION_FUNCTIONS['sdpa']
+mlm = transformers.BertForMaskedLM(transformers.BertConfig(
+    vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+    intermediate_size=8))
+attention = mlm.config._attn_implementation
+for arch in lhmix.ARCHS.values():
+    arch(mlm, lhmix.Hierarchy({'a': None}), 10, {'cls': 2, 'sep': 3, 'pad': 0, 'mask': 4})
+assert names() == before and dict(os.environ) == env
+assert mlm.config._attn_implementation == attention
 """
 
 
-@pytest.mark.skipif(not lhmix.TRANSFORMERS_5, reason='lhmix registers its attention only on '
-                    'transformers 5')
-def test_import_registers_nothing_and_a_model_registers_its_attention_once():
+def test_import_and_a_model_register_nothing_and_leave_the_environment():
     here = os.path.dirname(os.path.abspath(lhmix.__file__))
     p = subprocess.run([sys.executable, '-c', IMPORT], cwd=here, capture_output=True, text=True,
                        timeout=300)

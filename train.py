@@ -29,6 +29,7 @@ import data  # noqa: E402
 import evaluate  # noqa: E402
 import lhmix  # noqa: E402
 import runs  # noqa: E402
+import speed  # noqa: E402
 
 # What --data demo sets: a tiny BERT that trains in about a minute on a CPU.
 DEMO = dict(model='tiny', epochs=12, warmup_epochs=4, lr=1e-3, max_length=128)
@@ -100,9 +101,7 @@ def parse(argv=None):
     add_flag(p, '--seed', type=within(int, '[0, 4294967295]'), default=0,
              help='(default: %(default)s)')
     add_flag(p, '--out', help='the run folder (default: out/DATA-ARCH-MIX-sSEED)')
-    add_flag(p, '--device', type=evaluate.device,
-             default='cuda' if torch.cuda.is_available() else 'cpu',
-             help='cpu, cuda or cuda:N (default: cuda if there is one)')
+    runs.add_device(p)
     add_flag(p, '--resume', action='store_true',
              help="continue --out's run, its settings kept (a given --epochs extends it)")
     add_flag(p, '--overwrite', action='store_true',
@@ -173,7 +172,8 @@ def prepare(args, given, folder):
         mlm, tokenizer = (data.tiny_bert([t for t, _ in used['train']] + hierarchy.names)
                           if args.model == 'tiny' else data.load_pretrained(args.model))
         model = lhmix.build_model(mlm, tokenizer, hierarchy, args.arch, args.max_length)
-        state['extra'] = {'labels_at_init': model.label_embeddings().detach().clone()}
+        if isinstance(model, lhmix.LHMix):  # The verbalizer as it starts: tools/similar.py
+            state['extra'] = {'labels_at_init': model.label_embeddings().detach().clone()}
     budget = model.text_budget(args.max_length)
     tokens = {k: lhmix.tokenize(tokenizer, [t for t, _ in d], budget) for k, d in used.items()}
     print(f'{len(hierarchy)} labels, depth {hierarchy.num_depths}; documents '
@@ -229,14 +229,16 @@ def train_epoch(run, step, epoch, bar):
     rng = np.random.default_rng([args.seed, epoch])
     torch.manual_seed(args.seed * 100003 + epoch)
     mixing = args.mix != 'none' and epoch >= args.warmup_epochs
-    mlm_rate = 0.0 if args.no_mlm or args.arch == 'bert' else MLM_RATE
+    mlm_rate = MLM_RATE if model.mlm_term and not args.no_mlm else 0.0
     model.train()
     total, lams = torch.zeros((), device=device), []
-    graphed = isinstance(step, lhmix.CUDAGraphs)
+    graphed = isinstance(step, speed.CUDAGraphs)
     batches = lhmix.train_batches([len(t) for t in tokens], args.batch, rng, mixing)
     for idx, partner in batches:
         batch = lhmix.make_batch(model, [tokens[i] for i in idx], [gold[i] for i in idx], rng,
-                                 mlm_rate, for_cuda_graphs=graphed, pack=mixing and graphed)
+                                 mlm_rate, speed.pack_row if mixing and graphed else lhmix.pad_rows)
+        if graphed:
+            speed.pad_for_graphs(batch, mlm_rate)
         if mixing:
             batch['partner'] = torch.from_numpy(partner)
             if args.mix == 'lhmix':
@@ -288,14 +290,15 @@ def fit(run):
                 model, run.tokenizer, run.gold['train'])
             print(f"{len(extra['table'])} distinct local hierarchies encoded")
         lhmix.use_local_hierarchies(model, extra['table'], args.alpha, args.beta)
-    why_not = lhmix.cuda_graphs_unavailable(args.device)
+    why_not = speed.cuda_graphs_unavailable(args.device)
     if why_not and args.device.type == 'cuda' and not args.no_cuda_graphs:
         print(f'CUDA graphs off: {why_not}', file=sys.stderr)
     graphed = not (why_not or args.no_cuda_graphs)
     opt, scaler = make_optimizer(model, args.lr, graphed, run.adam)
     step = functools.partial(train_step, model, opt, scaler)
     if graphed:
-        step = lhmix.CUDAGraphs(step)
+        speed.use_packed_rows(model)
+        step = speed.CUDAGraphs(step)
     steps = -(-len(run.tokens['train']) // args.batch)
     with tqdm(total=steps * max(args.epochs - len(run.history), 0), disable=None) as bar:
         for epoch in range(len(run.history), args.epochs):
@@ -319,7 +322,7 @@ def test(run):
                              run.gold['test'], best.hierarchy, run.train_labels)
     result.update(best_epoch=meta['epoch'], checkpoint=os.path.join(run.args.out, 'best'),
                   args=run.meta['args'])
-    data.write_whole(os.path.join(run.folder.path, runs.TEST_METRICS),
+    runs.write_whole(os.path.join(run.folder.path, runs.TEST_METRICS),
                      json.dumps(result, indent=1))
     print(f"test micro-F1 {100 * result['micro_f1']:.2f}  macro-F1 {100 * result['macro_f1']:.2f}"
           f"  (best dev epoch {meta['epoch']}, {run.args.out})")

@@ -113,19 +113,19 @@ def test_every_tag_of_lhmix_is_on_the_page_under_its_equation():
 TERMS = {
     'The hierarchical prompt': [
         ('the prompt', 'lhmix.py', 'def template('),
-        ("the model's prompt", 'lhmix.py LHMix.head', 'prefix = template('),
+        ("the model's prompt", 'lhmix.py LHMix.make_head', 'prefix = template('),
         ('the text and [SEP] after it', 'lhmix.py make_batch',
          'seqs = [np.concatenate([model.prefix, t, ')],
     'Eq. 1': [
-        ("f^d's classifier, the MLM head's transform", 'lhmix.py LHMix.__init__',
+        ("f^d's classifier, the MLM head's transform", 'lhmix.py LHMix.make_head',
          'self.transform = mlm.cls.predictions'),
-        ('V^d', 'lhmix.py LHMix.head', 'valid = torch.arange(1, D + 1)'),
-        ('the slot states h^d', 'lhmix.py LHMix.slots',
+        ('V^d', 'lhmix.py LHMix.make_head', 'valid = torch.arange(1, D + 1)'),
+        ('the slot states h^d', 'lhmix.py Classifier.slots',
          'hidden.flatten(0, 1)[starts[:, None] + self.slot_offsets]'),
         ('the slot states of a training step', 'lhmix.py training_loss',
          'model.slots(hidden, starts)'),
         ('the verbalizer', 'lhmix.py LHMix.score', 'self.transform(slot_hidden) @ verbalizer'),
-        ('prediction at each depth', 'lhmix.py LHMix.label_scores', 'masked_fill(~self.valid')],
+        ('prediction at each depth', 'lhmix.py Classifier.label_scores', 'masked_fill(~self.valid')],
     'Eq. 2': [
         ('the loss over V^d', 'lhmix.py LHMix.loss', 'zmlce(scores, targets, self.valid)'),
         ('V_pos and V_neg', 'lhmix.py plain_zmlce', 'pos = targets.bool()'),
@@ -156,7 +156,7 @@ TERMS = {
         ("each pair's lambda", 'lhmix.py pair_ratios', 'mixup_ratio(hierarchy_similarity('),
         ('the ratios of a step', 'lhmix.py training_loss', 'lam = pair_ratios(')],
     'Eq. 5': [
-        ('the slot states h^d', 'lhmix.py LHMix.slots',
+        ('the slot states h^d', 'lhmix.py Classifier.slots',
          'hidden.flatten(0, 1)[starts[:, None] + self.slot_offsets]'),
         ('the slot states of a training step', 'lhmix.py training_loss',
          'model.slots(hidden, starts)'),
@@ -214,7 +214,7 @@ def test_where_the_flat_bert_computes_otherwise_the_page_names_its_method():
     cls, = [c for c in ast.parse(source).body
             if isinstance(c, ast.ClassDef) and c.name == 'FlatBERT']
     overrides = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)}
-    assert {'head', 'score', 'loss'} <= overrides
+    assert {'make_head', 'score', 'loss'} <= overrides
     text = read(ROOT, 'PAPER.md')
     named = set(re.findall(r'`FlatBERT\.(\w+)`', text))
     assert named <= overrides, f'PAPER.md names FlatBERT.{sorted(named - overrides)}: none such'

@@ -15,7 +15,7 @@ import lhmix
 import runs
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository
-MODULES = ('lhmix.py', 'data.py', 'runs.py', 'evaluate.py', 'train.py')
+MODULES = ('lhmix.py', 'speed.py', 'data.py', 'runs.py', 'evaluate.py', 'train.py')
 
 
 def section(title):

@@ -38,7 +38,7 @@ def test_checkpoint_round_trip_without_pickle_in_the_umask_modes(tmp_path, monke
         config = os.stat(folder / 'config.json')
         extra = {'step': torch.tensor([5]), 'table': torch.randn(3, 4, dtype=torch.float64)}
         runs.save_checkpoint(str(folder), model, tok, {'epoch': 7, 'dev': {'f1': 0.5}}, extra)
-        data.write_whole(str(tmp_path / 'sub' / 'm.json'), '{}\n')
+        runs.write_whole(str(tmp_path / 'sub' / 'm.json'), '{}\n')
     finally:
         os.umask(old)
     assert os.stat(folder / 'config.json').st_ino == config.st_ino  # written once, with the folder

@@ -16,8 +16,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-import evaluate
 import lhmix
+import runs
+import speed
 import train
 
 # hidden, layers, heads, vocabulary; text word-pieces: mean, sd (base: WOS's)
@@ -55,7 +56,11 @@ def make_step(model, graphs):
     train.fit makes it."""
     opt, scaler = train.make_optimizer(model, train.parse(['--data', 'wos'])[0].lr, graphs)
     step = functools.partial(train.train_step, model, opt, scaler)
-    return lhmix.CUDAGraphs(step) if graphs else step
+    if not graphs:
+        return step
+    if isinstance(model, lhmix.LHMix):  # train.fit's graphed steps pack Mixup's random batches
+        speed.use_packed_rows(model)
+    return speed.CUDAGraphs(step)
 
 
 class Floor(torch.nn.Module):
@@ -141,7 +146,10 @@ def steps(args, model, table, graphs):
             for i, idx in enumerate(order):
                 r = np.random.default_rng(i)  # the same eager and graphed
                 b = lhmix.make_batch(model, [docs[j] for j in idx], [labels[j] for j in idx], r,
-                                     train.MLM_RATE, graphed, mixing and graphed)
+                                     train.MLM_RATE,
+                                     speed.pack_row if mixing and graphed else lhmix.pad_rows)
+                if graphed:
+                    speed.pad_for_graphs(b, train.MLM_RATE)
                 bs.append(dict(b, hierarchy_ids=torch.tensor(idx % 64),
                                partner=torch.tensor(r.permutation(len(idx)))))
             keys = [k for k in bs[0] if k not in ('hierarchy_ids', 'partner')]
@@ -197,13 +205,11 @@ def main(argv=None):
                    help='batches per timed pass (default: 30 on a GPU, 3 on a CPU)')
     p.add_argument('--rounds', type=int,
                    help='timed passes, the median reported (default: 9 on a GPU, 2 on a CPU)')
-    p.add_argument('--device', type=evaluate.device,
-                   default='cuda' if torch.cuda.is_available() else 'cpu',
-                   help='cpu, cuda or cuda:N (default: cuda if there is one)')
+    runs.add_device(p)
     p.add_argument('--epoch', action='store_true',
                    help="instead: two train.py epochs at WOS's size with Mixup (LH-Mix)")
     args = p.parse_args(argv)
-    cuda, why_not = args.device.type == 'cuda', lhmix.cuda_graphs_unavailable(args.device)
+    cuda, why_not = args.device.type == 'cuda', speed.cuda_graphs_unavailable(args.device)
     args.size, args.steps, args.rounds = (args.size or ('base' if cuda else 'tiny'),
                                           args.steps or (30 if cuda else 3),
                                           args.rounds or (9 if cuda else 2))

@@ -104,8 +104,8 @@ ABOUT = {
         "tokens' embeddings (the verbalizer) plus a label bias. Row d of `valid` keeps to "
         "slot d the labels of depth d, V^d: the loss reads it (Eq. 2), and so does prediction, "
         "which takes each label's score from its own depth's slot.",
-        "Under `--arch bert`, `FlatBERT.head` makes [CLS] the one slot and `valid` one row of all "
-        "labels, and `FlatBERT.score` scores every label from its state with HGCLR's linear "
+        "Under `--arch bert`, `FlatBERT.make_head` makes [CLS] the one slot and `valid` one row "
+        "of all labels, and `FlatBERT.score` scores every label from its state with HGCLR's linear "
         'layer, after dropout, instead.'),
     2: ("ZMLCE, depth d's loss: it pushes the scores of positive labels above 0 and those of "
         'negative labels below 0. `pos` marks V_pos, and the rest of the `valid` labels are V_neg. '
@@ -129,8 +129,8 @@ ABOUT = {
     5: ("Mixup: at each depth, a text's slot state h^d_i (`slots`, as for Eq. 1) and its "
         "partner's h^d_j (`h[partner]`), mixed by the pair's lambda.",
         "Under `--arch bert`, the states mixed are the two texts' [CLS] states, the one slot that "
-        '`FlatBERT.head` makes (ours: the paper does not say which states its BERT + Mixup rows '
-        'mix).'),
+        '`FlatBERT.make_head` makes (ours: the paper does not say which states its BERT + Mixup '
+        'rows mix).'),
     6: ("Eq. 1's f^d, `model.score` (`LHMix.score`, under Eq. 1 above), scores the mixed slot "
         'states: in the epochs that mix, after the warm-up.',
         "Under `--arch bert`, `model.score` is `FlatBERT.score`, HGCLR's linear layer on the "
@@ -172,11 +172,11 @@ ITEMS = (
                '| text | what `make_batch` lays out |', '| --- | --- |',
                '| deep nets learn | `[CLS] [D1] [P] [D2] [P] [SEP] deep nets learn [SEP]` |', ''],
          code=[('lhmix.py', 'template', None),
-               ('lhmix.py', 'LHMix.head', 'prefix = template('),
+               ('lhmix.py', 'LHMix.make_head', 'prefix = template('),
                ('lhmix.py', 'make_batch', 'seqs = [np.concatenate([model.prefix, t,')],
          differences=['kept-from-the-code'],
-         bert="Under `--arch bert`, `FlatBERT.head` makes the prompt [CLS] alone, whose state is "
-              'the one slot: the text and `[SEP]` follow it.'),
+         bert="Under `--arch bert`, `FlatBERT.make_head` makes the prompt [CLS] alone, whose state "
+              'is the one slot: the text and `[SEP]` follow it; the vocabulary gains no token.'),
     dict(section='4.1 Local Hierarchy Correlation', before=3, title='The local-hierarchy sequence',
          text=["The paper's sequences of the local hierarchies \"CS/Machine Learning\" and "
                '"Math/Statistics" (its Fig. 1), the prompt with each `[MASK]` replaced by the gold '
@@ -195,7 +195,9 @@ ITEMS = (
          code=[('lhmix.py', 'local_hierarchy_ids', None),
                ('lhmix.py', 'local_hierarchy_table', 'keys = [tuple(model.hierarchy.closure('),
                ('lhmix.py', 'local_hierarchy_table', 'seqs = [local_hierarchy_ids(')],
-         differences=['label-order']),
+         differences=['label-order'],
+         bert='Under `--arch bert`, which has no depth tokens, the depths\' names follow one '
+              'another (ours: the paper does not say): `[CLS] cs machine learning [SEP]`.'),
     dict(section='5.2 Implement Details', before=None, title='Warm-up',
          text=['The paper: "To accelerate the convergence of the model, we adopt a two-step '
                'training strategy. Initially, we train the model for 5 epochs without utilizing '

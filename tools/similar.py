@@ -97,7 +97,7 @@ def all_labels(args):
         print(f"{k:>3} {shares['init'][k]:7.3f} {shares['trained'][k]:7.3f}")
     print(f'by chance (all other labels): {chance:.3f}')
     if args.out:
-        data.write_whole(args.out, json.dumps({
+        runs.write_whole(args.out, json.dumps({
             'relatives_among_nearest': {k: {s: shares[s][k] for s in shares} for k in K},
             'by_chance': chance, 'labels': len(h)}, indent=1) + '\n')
 

@@ -1,0 +1,119 @@
+"""What makes a training step fast on a GPU, beside lhmix.py, which runs without it: Mixup's
+random batches packed into one row whose documents attend to themselves only, and whole steps
+replayed from CUDA graphs. train.py uses both where cuda_graphs_unavailable() says they run.
+
+    use_packed_rows(model)        the encoder attends per document in a packed row
+    pack_row(seqs, pad_id, multiple)   a layout for lhmix.make_batch: all documents in one row
+    pad_for_graphs(batch, rate)   the MLM term's positions padded to a count per batch shape
+    cuda_graphs_unavailable(device), CUDAGraphs(fn)   steps replayed from CUDA graphs
+"""
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import transformers
+
+TRANSFORMERS_5 = int(transformers.__version__.split('.')[0]) >= 5
+# A packed row's length is a multiple of PACKED, so that CUDA graphs see few shapes; on WOS's
+# lengths this pads about 1% of a row.
+PACKED = 128
+
+
+def document_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                       cu_seq_lens_q=None, **kwargs):
+    """transformers' SDPA attention, except in a packed row (cu_seq_lens_q holds each document's
+    start and the row's end). There SDPA runs per document on a nested jagged tensor, which does
+    no work across documents: flash-attention's variable-length kernel on a GPU. A document is at
+    most as long as the encoder's positions, which bounds it without a host sync."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    if cu_seq_lens_q is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    longest = min(query.shape[2], module.config.max_position_embeddings)
+    q, k, v = (torch.nested.nested_tensor_from_jagged(  # (1, heads, T, d) -> (docs, heads, n, d)
+        x[0].transpose(0, 1), cu_seq_lens_q, min_seqlen=1, max_seqlen=longest
+    ).transpose(1, 2) for x in (query, key, value))
+    out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling)
+    return out.transpose(1, 2).values()[None], None  # (1, T, heads, d), as transformers' own
+
+
+def use_packed_rows(model):
+    """Makes the model's encoder attend per document in a packed row (document_attention), and
+    as before in any other batch. Needs transformers 5, whose attention interface allows it."""
+    if not TRANSFORMERS_5:
+        raise ValueError(f'packed rows need transformers 5 (this is {transformers.__version__})')
+    # Imported here: importing masking_utils sets an environment variable (torch's).
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    transformers.AttentionInterface.register('packed', document_attention)
+    AttentionMaskInterface.register('packed', ALL_MASK_ATTENTION_FUNCTIONS['sdpa'])
+    model.mlm.set_attn_implementation('packed')
+
+
+def pack_row(seqs, pad_id, multiple):
+    """Id lists laid out as lhmix.make_batch's `layout`, all in one row, a multiple of PACKED
+    long (`multiple` divides it): input_ids, position_ids, token_type_ids (the encoder's default
+    ones stop at its positions), cu_seq_lens_q (each list's start, then the padding's start, a
+    document of its own, then the row's end) and `starts`, each list's first position."""
+    lengths = np.array([len(s) for s in seqs])
+    ends = np.cumsum(lengths)
+    T = (ends[-1] // PACKED + 1) * PACKED  # At least one padding token ends the row.
+    ids, pos = np.full((1, T), pad_id, dtype=np.int64), np.zeros((1, T), dtype=np.int64)
+    ids[0, :ends[-1]] = np.concatenate(seqs)
+    pos[0, :ends[-1]] = np.concatenate([np.arange(k) for k in lengths])
+    offsets = np.concatenate([[0], ends, [T]])
+    return {k: torch.from_numpy(v) for k, v in (
+        ('input_ids', ids), ('position_ids', pos), ('token_type_ids', np.zeros_like(ids)),
+        ('cu_seq_lens_q', offsets), ('starts', offsets[:-2]))}
+
+
+def pad_for_graphs(batch, rate):
+    """Pads the batch's masked positions and their ids, if any, for CUDA graphs, which need a
+    fixed count per batch shape: to the mean + 8 sd of the count of its positions masked at
+    `rate`, in 64s, the padding labelled -100, which cross-entropy ignores."""
+    if 'mlm_pos' in batch:
+        cells, n = batch['input_ids'].numel(), len(batch['mlm_pos'])
+        cap = int(-(-(rate * cells + 8 * math.sqrt(cells * rate * (1 - rate)) + 1) // 64) * 64)
+        cap *= -(-n // cap)
+        batch['mlm_pos'] = F.pad(batch['mlm_pos'], (0, cap - n))
+        batch['mlm_labels'] = F.pad(batch['mlm_labels'], (0, cap - n), value=-100)
+    return batch
+
+
+def cuda_graphs_unavailable(device):
+    """Why CUDA graphs cannot run training steps on `device`, or None when they can."""
+    if device.type != 'cuda':
+        return 'not a CUDA device'
+    if not torch.cuda.is_bf16_supported():
+        return 'no bf16 on this GPU (fp16 needs a loss scaler that syncs)'
+    if not TRANSFORMERS_5:
+        return 'transformers 4 syncs inside the encoder (5 does not)'
+    return None
+
+
+class CUDAGraphs:
+    """Calls fn(batch) through CUDA graphs, one captured per set of batch shapes, so that a step
+    costs the GPU's kernel time and no Python. A shape's first batch runs fn eagerly, on a side
+    stream as a capture asks, and then fn is captured, which records it without running it;
+    later batches of that shape replay the graph. A replay overwrites the last one's outputs."""
+
+    def __init__(self, fn):
+        self.fn, self.graphs, self.pool = fn, {}, torch.cuda.graph_pool_handle()
+
+    def __call__(self, batch):
+        key = tuple((k, tuple(v.shape), v.dtype) for k, v in batch.items())
+        if key in self.graphs:
+            graph, inputs, outputs = self.graphs[key]
+            for k, v in batch.items():
+                inputs[k].copy_(v, non_blocking=True)
+            graph.replay()
+            return outputs
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out = self.fn(batch)
+        torch.cuda.current_stream().wait_stream(side)
+        inputs, graph = {k: v.clone() for k, v in batch.items()}, torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self.graphs[key] = graph, inputs, self.fn(inputs)
+        return out

@@ -1,0 +1,127 @@
+"""speed.py: Mixup's random batches as one packed row, whose documents attend to themselves only,
+give the numbers of one document a row; the MLM positions padded for CUDA graphs give the same
+loss; importing registers nothing. The CUDA cases exist where there is a GPU (test_gpu.py has the
+graphed steps)."""
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import lhmix
+import speed
+from helpers import PARENTS, tiny_model
+
+CUDA = torch.cuda.is_available()
+
+
+def test_a_packed_row_lays_the_documents_out_one_after_another():
+    """12 + 10 + 11 tokens in one row of 128, then padding as a document of its own."""
+    torch.manual_seed(0)
+    model, _ = tiny_model(lhmix.Hierarchy(PARENTS))
+    docs, labels = [np.array([5, 6, 7]), np.array([8]), np.array([9, 10])], [[0, 2], [1], [3]]
+    b = lhmix.make_batch(model, docs, labels, layout=speed.pack_row)
+    p, sep, pad = model.prefix, model.special['sep'], model.special['pad']
+    rows = [p + [5, 6, 7, sep], p + [8, sep], p + [9, 10, sep]]
+    assert b['input_ids'].tolist() == [rows[0] + rows[1] + rows[2] + [pad] * 95]
+    assert b['position_ids'].tolist() == [[*range(12), *range(10), *range(11)] + [0] * 95]
+    assert b['token_type_ids'].tolist() == [[0] * 128]
+    assert b['cu_seq_lens_q'].tolist() == [0, 12, 22, 33, 128] and 'attention_mask' not in b
+    assert b['starts'].tolist() == [0, 12, 22] and b['targets'][0].tolist() == [1, 0, 1, 0, 0, 0]
+    long = [np.arange(5, 100)] * 2  # 2 x (8 + 95 + 1) = 208 tokens: a row of 256
+    assert lhmix.make_batch(model, long, [[0]] * 2, layout=speed.pack_row)[
+        'input_ids'].shape == (1, 256)
+
+
+def test_masked_positions_padded_for_graphs_give_the_same_loss():
+    """One count per batch shape: the mean + 8 sd of Binomial(cells, 0.15), + 1, rounded up to 64;
+    the padding labelled -100, which the loss ignores."""
+    torch.manual_seed(0)
+    model, _ = tiny_model(lhmix.Hierarchy(PARENTS))
+    docs = [np.arange(5, 5 + k) for k in (9, 14, 30)]
+    a, b = (lhmix.make_batch(model, docs, [[0], [1], [2]], np.random.default_rng(3), 0.15)
+            for _ in range(2))
+    n, cells = len(a['mlm_pos']), a['input_ids'].numel()
+    assert speed.pad_for_graphs(b, 0.15) is b
+    assert len(b['mlm_pos']) == 64 * math.ceil((0.15 * cells + 8 * (cells * 0.15 * 0.85) ** 0.5
+                                                + 1) / 64) > n
+    assert torch.equal(a['input_ids'], b['input_ids']) and (b['mlm_labels'][n:] == -100).all()
+    assert torch.equal(b['mlm_pos'][:n], a['mlm_pos'])
+    assert torch.equal(b['mlm_labels'][:n], a['mlm_labels'])
+    model.eval()  # no dropout: the two calls see the same network
+    with torch.no_grad():
+        assert model(**a)[0].item() == pytest.approx(model(**b)[0].item(), rel=1e-6)
+    none = lhmix.make_batch(model, docs, [[0], [1], [2]])  # nothing masked: nothing to pad
+    assert speed.pad_for_graphs(dict(none), 0.15).keys() == none.keys()
+
+
+@pytest.mark.skipif(not speed.TRANSFORMERS_5, reason='packed rows need transformers 5')
+@pytest.mark.parametrize('device, tol, atol', [('cpu', 1e-10, 1e-12)]
+                         + [('cuda', 5e-2, 1e-3)] * CUDA)
+@pytest.mark.parametrize('arch, mix', [('prompt', 'lhmix'), ('prompt', 'mixup'), ('bert', 'lhmix')])
+def test_one_packed_row_gives_the_loss_and_gradients_of_one_document_a_row(arch, mix, device,
+                                                                            tol, atol):
+    """No dropout; float64 on the CPU, bf16 autocast on a GPU (flash-attention's varlen
+    kernel)."""
+    torch.manual_seed(0)
+    dev = torch.device(device)
+    model, tok = tiny_model(lhmix.Hierarchy(PARENTS), arch)
+    model.to(dev, torch.float64 if device == 'cpu' else torch.float32).eval()
+    speed.use_packed_rows(model)
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(5, len(tok), int(k)) for k in rng.integers(3, 40, 7)]
+    labels = [[0, 2], [1, 4], [0, 2, 3, 5], [1], [0], [1, 4], [0, 2, 5]]
+    partner = torch.tensor([3, 0, 6, 1, 2, 5, 4])
+    mixing = {'partner': partner, 'lam': torch.tensor([0.9, 0.5, 0.7, 0.6, 1.0, 0.55, 0.8])}
+    if mix == 'lhmix':  # Eqs. 3-4 from the model's table, as train.py's step
+        lhmix.use_local_hierarchies(model, torch.randn(7, 16), 1.0, 0.75)
+        mixing = {'partner': partner, 'hierarchy_ids': torch.arange(7)}
+    out = []
+    for layout in (lhmix.pad_rows, speed.pack_row):
+        b = lhmix.make_batch(model, docs, labels, np.random.default_rng(1),
+                             0.15 if model.mlm_term else 0, layout=layout)
+        model.zero_grad(set_to_none=True)
+        with lhmix.autocast(dev):
+            loss, _ = model(**lhmix.to_device({**b, **mixing}, dev))
+        loss.backward()
+        out.append((loss.item(), [p.grad for p in model.parameters()], b['input_ids'].shape))
+    (whole, grads, shape), (packed, packed_grads, packed_shape) = out
+    assert packed_shape[0] == 1 and shape[0] == 7 and packed == pytest.approx(whole, rel=tol)
+    for g, h in zip(grads, packed_grads):  # None: a weight the arch does not use
+        assert (g is None) == (h is None) and (g is None or (h - g).norm() <= tol * g.norm() + atol)
+
+
+def test_cuda_graphs_say_why_they_cannot_run_on_a_cpu():
+    assert speed.cuda_graphs_unavailable(torch.device('cpu')) == 'not a CUDA device'
+
+
+IMPORT = """
+import os, transformers
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+names = lambda: (set(transformers.AttentionInterface()), set(AttentionMaskInterface()))
+before, env = names(), dict(os.environ)
+import lhmix, speed
+assert names() == before and 'packed' not in before[0] | before[1] and dict(os.environ) == env
+for _ in range(2):  # a second model registers nothing more
+    mlm = transformers.BertForMaskedLM(transformers.BertConfig(
+        vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=8))
+    model = lhmix.LHMix(mlm, lhmix.Hierarchy({'a': None}), 10,
+                        {'cls': 2, 'sep': 3, 'pad': 0, 'mask': 4})
+    speed.use_packed_rows(model)
+    assert names() == (before[0] | {'packed'}, before[1] | {'packed'}), names()
+    assert mlm.config._attn_implementation == 'packed'
+assert transformers.AttentionInterface()['packed'] is speed.document_attention
+assert AttentionMaskInterface()['packed'] is ALL_MASK_ATTENTION_FUNCTIONS['sdpa']
+"""
+
+
+@pytest.mark.skipif(not speed.TRANSFORMERS_5, reason='packed rows need transformers 5')
+def test_import_registers_nothing_and_packed_rows_register_their_attention_once():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, '-c', IMPORT], cwd=root, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
