@@ -197,6 +197,9 @@ def read_taxonomy(path):
         if len(cells) == 1:
             raise ValueError(f'{path}:{n}: a taxonomy line needs a parent and at least one child')
         for child in cells[1:]:
+            if parents.get(child) == cells[0]:
+                raise ValueError(f'{path}:{n}: label {child!r} listed twice under {cells[0]!r} '
+                                 f'(first on {lines[child]})')
             if child in parents:
                 raise ValueError(f'{path}:{n}: label {child!r} has two parents '
                                  f'({parents[child]!r} on {lines[child]} and {cells[0]!r})')
@@ -237,7 +240,7 @@ def load_hiagm(folder):
             try:
                 d = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f'{path}:{n}: malformed JSON ({e.msg})') from None
+                raise ValueError(f'{path}:{n}: malformed JSON: {e}') from None
             d = d if isinstance(d, dict) else {}
             text, labels = d.get('token', d.get('doc_token')), d.get('label', d.get('doc_label'))
             if isinstance(text, list) and all(isinstance(w, str) for w in text):
@@ -379,16 +382,32 @@ def load_data(name, data_dir=None):
     if name == 'rcv1' and not any(os.path.exists(os.path.join(source, f))
                                   for f in (RCV1_TOPICS, 'label_names.tsv')):
         print(f'warning: {source} has no {RCV1_TOPICS}: the verbalizer reads the topic codes, not '
-              "their descriptions as the authors' code does (README: Reproducing)", file=sys.stderr)
+              'their descriptions (README: Reproducing)', file=sys.stderr)
     return hierarchy, splits
+
+
+def train_part(docs, fraction, seed):
+    """Fig. 4's sparse data: ceil(fraction * n) of the n training documents, drawn with `seed`,
+    in their order."""
+    if fraction >= 1:
+        return docs
+    keep = np.random.default_rng(seed).permutation(len(docs))
+    # The count is rounded up, after rounding off float error: 0.07 * 1200 is 84.00000000000001.
+    n = math.ceil(round(fraction * len(keep), 9))
+    return [docs[i] for i in sorted(keep[:n])]
 
 
 # The pretrained model that a run starts from
 
 def tiny_bert(texts, max_words=8000):
     """Return a 2-layer, 128-wide BERT with the words of `texts` as vocabulary (no download)."""
+    from tokenizers.normalizers import BertNormalizer
     from transformers import AutoModelForMaskedLM, BertConfig, BertTokenizerFast
-    counts = Counter(w for t in texts for w in re.findall(r"\w+|[^\w\s]", t.lower()))
+    # The words are those that the tokenizer sees: its normalizer, that of
+    # BertTokenizerFast(do_lower_case=True), lower-cases, strips accents and spaces out CJK
+    # characters, so that 'Économie' is the word-piece 'economie', not [UNK].
+    normalize = BertNormalizer(lowercase=True).normalize_str
+    counts = Counter(w for t in texts for w in re.findall(r"\w+|[^\w\s]", normalize(t)))
     vocab = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] + [
         w for w, _ in counts.most_common(max_words)]
     with tempfile.TemporaryDirectory() as folder:  # transformers 4 reads vocabularies from files.
@@ -414,7 +433,10 @@ def load_pretrained(name):
         if 'config.json' not in files or not files & {'tokenizer.json', 'vocab.txt'}:
             raise ValueError(f'model {name!r}: the folder holds no ' + (
                 'config.json' if 'config.json' not in files else 'tokenizer.json or vocab.txt'))
-    logging.set_verbosity_error()  # Its report of missing weights is replaced by ours below.
+    # Its report of missing weights is replaced by ours below, and its bars are not a run's lines.
+    bars = logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
         mlm, info = AutoModelForMaskedLM.from_pretrained(name, trust_remote_code=False,
@@ -425,6 +447,8 @@ def load_pretrained(name):
         raise ValueError(f'could not load model {name!r}{hint}: {type(e).__name__}: {e}') from None
     finally:
         logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
     # The encoder's weights must all be there; the MLM head's may be missing.
     missing = sorted(k for k in info['missing_keys'] if not k.startswith('cls.'))
     if missing:

@@ -77,6 +77,13 @@ def classify(model, tokenizer, texts):
     return out
 
 
+def prediction_lines(hierarchy, predicted):
+    """Return the --save-predictions file of label-id sets: a line {"labels": [...]} a document,
+    in the tree's order."""
+    return ''.join(json.dumps({'labels': [hierarchy.labels[v] for v in sorted(ids)]}) + '\n'
+                   for ids in predicted)
+
+
 def check_output(path, flag, ckpt, start):
     """Refuses, before anything is computed, to write `path` into the checkpoint being read, over
     a run's figures, where no folder can be made, or over a file not beginning with `start`."""
@@ -103,6 +110,10 @@ def evaluate(args):
     if args.texts:
         model, tokenizer, _ = runs.load_checkpoint(args.ckpt, args.device)
         out = classify(model, tokenizer, [line for _, line in data.read_lines(args.texts)])
+        if args.save_predictions:  # Before printing, which a closed pipe would end.
+            h = model.hierarchy
+            runs.write_whole(args.save_predictions, prediction_lines(
+                h, ([h.index[v] for v in r['labels']] for r in out)))
         print(''.join(json.dumps(r) + '\n' for r in out), end='')
         cut = sum(r['truncated'] for r in out)
         if cut:
@@ -122,9 +133,8 @@ def evaluate(args):
     if args.out:
         runs.write_whole(args.out, json.dumps(r, indent=1))
     if args.save_predictions:
-        runs.write_whole(args.save_predictions, ''.join(
-            json.dumps({'labels': [hierarchy.labels[v] for v in np.flatnonzero(p)]}) + '\n'
-            for p in pred))
+        runs.write_whole(args.save_predictions, prediction_lines(
+            hierarchy, (np.flatnonzero(p) for p in pred)))
 
 
 def main(argv=None):
@@ -136,14 +146,17 @@ def main(argv=None):
     add('--data-dir', help='as train.py --data-dir')
     add('--split', default='test', choices=['train', 'dev', 'test'],
         help='the split to score (default: test)')
-    add('--out', help='write the figures here as JSON (as test_metrics.json has them)')
+    add('--out', help='write the figures here as JSON (as test_metrics.json has them); with '
+        '--data only')
     add('--save-predictions', metavar='FILE',
-        help='write the predicted labels here: a line {"labels": [...]} a document')
+        help='write the predicted labels here: a line {"labels": [...]} a document (or text)')
     add('--texts', metavar='FILE', help='classify the lines of FILE (- : stdin) instead')
     runs.add_device(p)
     args = p.parse_args(argv)
     if bool(args.texts) == bool(args.data):
         p.error('give --data (to score a split) or --texts (to classify), not both')
+    if args.texts and args.out:  # F1 needs gold labels, which texts do not have.
+        p.error('--out (F1 figures) needs --data: texts have no gold labels to score against')
     if args.out and args.save_predictions and (
             os.path.realpath(args.out) == os.path.realpath(args.save_predictions)):
         p.error(f'--out and --save-predictions name one file: {args.out}')

@@ -1,26 +1,14 @@
-"""LH-Mix (Kong, Zhang & Wang, KDD 2025) in one module that imports nothing of this project, so
-that it can be copied alone into another one.
+"""LH-Mix (Kong, Zhang & Wang, KDD 2025) in one module that imports nothing of this project, to
+be copied alone. Sec. 3, then Sec. 4 (Eqs. 1-7), then what is not LH-Mix: Table 3's flat BERT,
+feeding the model, ZMLCE fused in Triton (Eqs. 2, 8). speed.py, beside it, makes GPU steps fast.
 
-It follows the paper: Sec. 3 (the label tree, the hierarchical prompt, the verbalizer of Eq. 1 and
-ZMLCE, Eq. 2), then Sec. 4 (local hierarchies and their similarity, the mixing ratio, Mixup with
-loss mixing: Eqs. 3-7). What is not LH-Mix comes last: Table 3's flat BERT baseline; feeding the
-model (tokens, batches, Mixup partners, prediction); and ZMLCE fused into one Triton kernel
-(Eqs. 2 and 8). What makes a GPU step fast (packed rows, CUDA graphs) is in speed.py, beside it.
-
-The API, in that order (each name's docstring says more):
-
-    Hierarchy(parents, names)     the label tree (Sec. 3.1); label ids are the order of `parents`
-    template(num_depths, ...)     the hierarchical prompt, [CLS] [D1] [P] ... [SEP] (Sec. 3.2)
-    LHMix(mlm, hierarchy, ...)    the prompt-tuned masked LM; model(**batch) -> (loss, lambda)
-    build_model(mlm, tokenizer, hierarchy, arch)   a fresh ARCHS[arch], labels from their names
-    zmlce(scores, targets, valid)                  Eq. 2, a multi-label loss
-    local_hierarchy_ids, local_hierarchy_table, use_local_hierarchies   Sec. 4.1
-    hierarchy_similarity, mixup_ratio, mix_hidden  Eqs. 3, 4 and 5
-    vanilla_mixup_ratio(rng, a, n)                 Table 3's + Mixup: folded Beta(a, a) ratios
-    training_loss(model, **batch)                  Eqs. 2-7, what model(**batch) computes
-    FlatBERT, ARCHS               Table 3's flat BERT (HGCLR's); the models by `arch`
-    tokenize, make_batch, mask_tokens, train_batches, to_device, autocast   feeding the model
-    score_documents(model, token_ids)              every label's score (N, V); > 0: predicted
+The API, in order: Hierarchy (the label tree, Sec. 3.1); template (the prompt, Sec. 3.2);
+Classifier, LHMix (the prompt-tuned masked LM: model(**batch) -> (loss, lambda)), build_model;
+zmlce, plain_zmlce, FusedZMLCE (Eq. 2); local_hierarchy_ids, local_hierarchy_table,
+use_local_hierarchies (Sec. 4.1); hierarchy_similarity, mixup_ratio, mix_hidden (Eqs. 3-5);
+vanilla_mixup_ratio (Table 3's + Mixup); training_loss (Eqs. 2-7); FlatBERT, ARCHS (Table 3's
+flat BERT; the models by `arch`); tokenize, pad_rows, make_batch, mask_tokens, autocast (to feed
+the model); score_documents (every label's score, (N, V): > 0 is predicted).
 """
 import math
 import warnings
@@ -36,20 +24,12 @@ try:
 except ImportError:  # Without Triton, ZMLCE runs as plain torch operations everywhere.
     triton = None
 
-__all__ = ['Hierarchy', 'template', 'LHMix', 'build_model', 'zmlce', 'local_hierarchy_ids',
-           'local_hierarchy_table', 'use_local_hierarchies', 'hierarchy_similarity',
-           'mixup_ratio', 'mix_hidden', 'vanilla_mixup_ratio', 'training_loss', 'FlatBERT',
-           'ARCHS', 'tokenize', 'make_batch', 'mask_tokens', 'train_batches', 'to_device',
-           'autocast', 'score_documents']
-
-
 # Sec. 3: the label tree, the hierarchical prompt, the verbalizer (Eq. 1) and ZMLCE (Eq. 2)
 
 class Hierarchy:
-    """A label tree from {label: parent}, where a parent of None or 'Root' puts a label at depth
-    1. Label ids follow the order of `parents`. A label's name, which the verbalizer starts from,
-    is `names[label]` or else the label after its last '/', underscores as spaces. `lines` maps a
-    label to where it was read, so that an error can name the user's file and line."""
+    """A label tree from {label: parent} (None or 'Root': depth 1), ids in the order of `parents`;
+    names (the verbalizer's start): `names`, else after the last '/', _ as spaces. `lines`: the
+    place each label was read, for errors."""
 
     def __init__(self, parents, names=None, lines=None):
         lines, n = lines or {}, len(parents)
@@ -83,8 +63,7 @@ class Hierarchy:
         return self.path(self.parent[v]) + [v] if v >= 0 else []
 
     def closure(self, label_ids):
-        """The sorted label set with every ancestor of its labels added: a gold label's ancestors
-        are gold too, as the paths of Sec. 3.1 make them."""
+        """The sorted label set with its labels' ancestors, gold too on Sec. 3.1's paths."""
         label_ids = list(label_ids)
         for v in label_ids:
             if not isinstance(v, (int, np.integer)):
@@ -95,18 +74,14 @@ class Hierarchy:
 
 
 def template(num_depths, cls_id, sep_id, depth_ids, slot_id):
-    """The hierarchical prompt of Sec. 3.2, `[CLS] [D1] [P] ... [DD] [P] [SEP]`, which the text
-    and a closing [SEP] follow; depth d's slot [P] is at position 2d."""
+    """Sec. 3.2's prompt, `[CLS] [D1] [P] ... [DD] [P] [SEP]` (depth d's slot [P] at 2d)."""
     return [cls_id] + [t for d in range(num_depths) for t in (depth_ids[d], slot_id)] + [sep_id]
 
 
 class Classifier(nn.Module):
-    """What LHMix and Table 3's FlatBERT share: a BERT-style masked LM's encoder reads `prefix`,
-    the text and [SEP], and its states at the prefix's slots score the labels, depth d's slot
-    those where row d of `valid` is set. A subclass makes the prefix and its head (make_head),
-    scores (score) and loss (loss); `arch` names it in checkpoints, `mlm_term` says whether it
-    trains with HPT's MLM term too, `depth_ids` are what separate the depths of a local
-    hierarchy (Sec. 4.1)."""
+    """LHMix's and FlatBERT's frame: the encoder reads `prefix text [SEP]`; slot d's state scores
+    row d of `valid`. A subclass gives make_head, score, loss, `arch` (its checkpoints' name),
+    `mlm_term` (trained with HPT's MLM term) and `depth_ids` (local hierarchies' depth tokens)."""
 
     def __init__(self, mlm, hierarchy, base_vocab, special, max_length=512):
         super().__init__()
@@ -139,10 +114,8 @@ class Classifier(nn.Module):
         return self.mlm.base_model(input_ids, attention_mask, **packed).last_hidden_state
 
     def slots(self, hidden, starts):
-        """The slots' hidden states (B, slots, H), Eq. 1's h^d. `hidden` (rows, T, H) is read as
-        one flat sequence of rows * T positions, and `starts` holds each document's first flat
-        position: b * T when a row holds one document, its offset when a packed row holds them
-        all. The slots follow at `slot_offsets` from there."""
+        """Eq. 1's h^d (B, slots, H): `hidden` (rows, T, H) as one flat sequence, each document's
+        slots at `slot_offsets` from its first position, `starts` (b * T, or in one packed row)."""
         return hidden.flatten(0, 1)[starts[:, None] + self.slot_offsets]  # Eqs. 1 and 5: h^d
 
     def forward(self, **batch):
@@ -151,22 +124,19 @@ class Classifier(nn.Module):
 
     @torch.no_grad()
     def label_scores(self, input_ids, attention_mask, starts):
-        """Each document's label scores (B, V), each label scored at its own depth's slot. A
-        label is predicted when its score is above 0 (Sec. 3)."""
+        """Each label's score (B, V), at its own depth's slot; > 0: predicted (Sec. 3)."""
         hidden = self.encode(input_ids, attention_mask)
         scores = self.score(self.slots(hidden, starts))
         return scores.masked_fill(~self.valid, -math.inf).amax(1).float()  # Eq. 1: p^d over V^d
 
 
 class LHMix(Classifier):
-    """A BERT-style masked LM prompted with the label tree (Sec. 3.2). Its vocabulary gains a
-    token per label (their embeddings are the verbalizer), a token [Dd] per depth and the slot
-    token [P], with ids base_vocab + [labels | depths | slot]."""
+    """A masked LM prompted with the tree (Sec. 3.2): new tokens base_vocab + [labels (the
+    verbalizer) | [Dd] per depth | the slot [P]]."""
     arch, mlm_term = 'prompt', True
 
     def make_head(self):
-        """Return the prompt and `valid`, and grow the vocabulary by the new tokens. Row d of
-        `valid` marks the labels that depth d's slot [P] scores: those of depth d (Eq. 1)."""
+        """Return the prompt and `valid` (row d: depth d's labels, Eq. 1's V^d); add the tokens."""
         h, D, mlm = self.hierarchy, self.hierarchy.num_depths, self.mlm
         self.depth_ids = [self.base_vocab + len(h) + d for d in range(D)]
         self.slot_id = self.base_vocab + len(h) + D
@@ -175,8 +145,7 @@ class LHMix(Classifier):
         if mlm.get_input_embeddings().num_embeddings != self.slot_id + 1:
             # The new rows are left for initialize() to set, not averaged.
             mlm.resize_token_embeddings(self.slot_id + 1, mean_resizing=False)
-        # The MLM head's transform (dense, activation, LayerNorm) is the classifier of Eq. 1's
-        # f^d, and the label tokens' embeddings are its verbalizer.
+        # The MLM head's transform (dense, activation, LayerNorm) is Eq. 1's f^d's classifier.
         self.transform = mlm.cls.predictions.transform  # Eq. 1: f^d's classifier
         self.label_bias = nn.Parameter(torch.zeros(len(h)))
         prefix = template(D, self.special['cls'], self.special['sep'], self.depth_ids, self.slot_id)
@@ -185,8 +154,7 @@ class LHMix(Classifier):
 
     @torch.no_grad()
     def initialize(self, tokenizer):
-        """Starts the new tokens: each label token as the mean embedding of its name's
-        word-pieces, the depth tokens random (Sec. 5.2), [P] as [MASK] (the authors' code)."""
+        """Label tokens: their names' mean; [Dd] random (Sec. 5.2); [P] as [MASK] (authors')."""
         emb = self.mlm.get_input_embeddings().weight
         for v, ids in enumerate(self.name_ids(tokenizer)):
             emb[self.base_vocab + v] = emb[ids].mean(0)
@@ -209,8 +177,7 @@ class LHMix(Classifier):
         return zmlce(scores, targets, self.valid)  # Eq. 2, over V^d
 
     def mlm_loss(self, hidden, positions, labels):
-        """HPT's auxiliary MLM loss. The head runs at the masked positions only: its projection
-        onto the whole vocabulary at every position would cost more than an encoder layer."""
+        """HPT's MLM loss, the head at masked positions only (at all: an encoder layer's cost)."""
         x = hidden.flatten(0, 1).index_select(0, positions)
         return F.cross_entropy(self.mlm.get_output_embeddings()(self.transform(x)).float(), labels)
 
@@ -221,24 +188,21 @@ def build_model(mlm, tokenizer, hierarchy, arch, max_length=512):
     special = {'cls': tokenizer.cls_token_id, 'sep': tokenizer.sep_token_id,
                'pad': tokenizer.pad_token_id, 'mask': tokenizer.mask_token_id}
     model = ARCHS[arch](mlm, hierarchy, len(tokenizer), special, max_length)
-    pieces = [tokenizer(name, add_special_tokens=False)['input_ids'] for name in hierarchy.names]
-    unk = tokenizer.unk_token_id
-    empty = [v for v, p in zip(hierarchy.labels, pieces) if not p]
-    unknown = [v for v, p in zip(hierarchy.labels, pieces) if p and set(p) == {unk}]
-    if empty or unknown:  # Each cause with its fix, for train.py's user and the API's.
-        warnings.warn('; '.join(filter(None, [
-            empty and f'labels {empty}: their names hold no word (rename them: train.py reads '
-            'label_names.tsv in the data folder, the API Hierarchy(parents, names))',
-            unknown and f"labels {unknown}: the tokenizer's vocabulary has none of their names' "
-            'words, only [UNK] (take a model whose vocabulary has them, train.py --model, or '
-            'rename them)'])) + ': so they start alike, and are alike in local hierarchies')
+    pieces = [tokenizer(n, add_special_tokens=False)['input_ids'] for n in hierarchy.names]
+    unk = {v: "the tokenizer's vocabulary has none of its name's words" if p else
+           'its name holds no word' for v, p in zip(hierarchy.labels, pieces)
+           if set(p) <= {tokenizer.unk_token_id}}  # Each with its cause.
+    if unk:
+        warnings.warn(f'labels whose names give no word-piece but [UNK], so that they start alike '
+                      f'and are alike in local hierarchies: {unk}; rename them (train.py: '
+                      'label_names.tsv in the data folder; the API: Hierarchy(parents, names)) or '
+                      'take a model whose vocabulary has their words (train.py --model)')
     model.initialize(tokenizer)
     return model
 
 
 def zmlce(scores, targets, valid=None):
-    """Eq. 2 of each score vector (..., L) over its `valid` labels; `targets` and `valid`
-    broadcast to `scores`. On a GPU, the fused Triton kernel at the end of this module."""
+    """Eq. 2 of each score vector (..., L) over `valid` labels; on a GPU, the Triton kernel."""
     if scores.is_cuda and triton is not None and scores.dtype != torch.float64:
         return FusedZMLCE.apply(scores, targets, valid)
     return plain_zmlce(scores, targets, valid)
@@ -261,9 +225,8 @@ def plain_zmlce(scores, targets, valid=None):
 # Sec. 4: local hierarchies (Sec. 4.1, Eq. 3), the mixing ratio (Eq. 4), Mixup (Eqs. 5-7)
 
 def local_hierarchy_ids(model, label_ids, name_ids):
-    """Sec. 4.1: a gold label set as the sequence `[CLS] [D1] <names at depth 1> [D2] ... [SEP]`,
-    the names of one depth in the order of their label ids. The flat BERT has no depth tokens:
-    there the depths' names follow one another."""
+    """Sec. 4.1: a gold label set as `[CLS] [D1] <names at depth 1> [D2] ... [SEP]`, a depth's
+    names in label-id order (the flat BERT, without depth tokens: the names alone)."""
     ids = [model.special['cls']]
     for d in range(1, model.hierarchy.num_depths + 1):
         ids += model.depth_ids[d - 1:d]  # [Dd]
@@ -273,10 +236,8 @@ def local_hierarchy_ids(model, label_ids, name_ids):
 
 @torch.no_grad()
 def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
-    """Return (table, ids): the [CLS] state (U, H), on the model's device, of each distinct local
-    hierarchy, and each label set's row in it (N,), on the CPU. Call it before training: the
-    encoder that computes similarities stays as it was (Sec. 4.1). Each set is closed upward
-    first (Hierarchy.closure), as a local hierarchy holds whole paths."""
+    """Return each distinct local hierarchy's [CLS] state (U, H) and each label set's row (N,) in
+    it. Call it before training: Sec. 4.1's encoder stays as it was. Sets are closed upward."""
     keys = [tuple(model.hierarchy.closure(s)) for s in label_sets]
     distinct = sorted(set(keys))
     name_ids = model.name_ids(tokenizer)
@@ -294,16 +255,13 @@ def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
 
 
 def use_local_hierarchies(model, table, alpha, beta):
-    """Makes `model` mix by LH-Mix: a batch's `hierarchy_ids` index `table`, from
-    local_hierarchy_table (moved to the model's device here), and Eqs. 3-4 with alpha and beta
-    give each pair's ratio."""
+    """Makes `model` mix by LH-Mix: `hierarchy_ids` index `table`, ratios by Eqs. 3-4."""
     model.local_hierarchies = table.to(next(model.parameters()).device)
     model.alpha, model.beta = alpha, beta
 
 
 def hierarchy_similarity(h_i, h_j):
-    """Eq. 3's s of two local hierarchies' [CLS] states, clamped to [0, 1], because rounding can
-    put s a little below 0, where Eq. 4's s^alpha is NaN."""
+    """Eq. 3's s of two [CLS] states, kept in [0, 1]: below 0 (rounding), s^alpha is NaN."""
     s = 0.5 * (F.cosine_similarity(h_i.float(), h_j.float(), dim=-1) + 1)  # Eq. 3
     return s.clamp(0.0, 1.0)  # Eq. 3's s, kept in [0, 1]
 
@@ -315,28 +273,20 @@ def mixup_ratio(s, alpha, beta):
 
 
 def vanilla_mixup_ratio(rng, a, n):
-    """Table 3's + Mixup: n ratios from Beta(a, a), one per document (Zhang et al.'s Mixup draws
-    one per batch), each folded to max(lambda, 1 - lambda) as the authors' code folds its draw, so
-    that it lies in [0.5, 1] with Eq. 4's lambda. `rng` is a numpy Generator."""
+    """Table 3's + Mixup: n ratios from Beta(a, a) by numpy's `rng`, one per document (Zhang et
+    al.: per batch), folded to max(lambda, 1 - lambda) in [0.5, 1] as the authors' code folds."""
     lam = rng.beta(a, a, n)
     return torch.from_numpy(np.maximum(lam, 1 - lam)).float()
 
 
-def pair_ratios(hier, partner, alpha, beta):
-    """Each document's lambda, from its local hierarchy's state `hier` (B, H) and its partner's."""
-    return mixup_ratio(hierarchy_similarity(hier, hier[partner]), alpha, beta)  # Eqs. 3 and 4
-
-
 def mix_hidden(h_i, h_j, lam):
-    """Eq. 5 for slot states h (B, slots, H) and ratios lambda (B,), in float32 so that a bf16
-    state does not round the ratio."""
+    """Eq. 5 for slot states (B, slots, H), ratios (B,), in float32 (bf16 would round lambda)."""
     lam = lam.float()[:, None, None]
     return torch.lerp(h_j.float(), h_i.float(), lam).to(h_i.dtype)  # Eq. 5
 
 
-def check_mixup(model, n, partner, lam, hierarchy_ids):
-    """Refuses, in one line naming the fix, a Mixup that training_loss cannot run for n
-    documents."""
+def _check_mixup(model, n, partner, lam, hierarchy_ids):
+    """Refuses, naming the fix, a Mixup that n documents cannot run (a lam on a GPU unchecked)."""
     if (lam is not None) + (hierarchy_ids is not None) != (partner is not None):
         raise ValueError('Mixup takes `partner` and one ratio: give it either `lam` (vanilla '
                          'Mixup) or `hierarchy_ids` (LH-Mix)')
@@ -346,7 +296,6 @@ def check_mixup(model, n, partner, lam, hierarchy_ids):
         if x is not None and tuple(x.shape) != (n,):
             raise ValueError(f'{name} of shape {tuple(x.shape)} for {n} documents: give one '
                              'per document, a tensor of shape (B,)')
-    # On a GPU the check would wait for the GPU.
     if lam is not None and not lam.is_cuda and not ((lam >= 0) & (lam <= 1)).all():
         raise ValueError(f'lam {lam.tolist()}: give ratios in [0, 1]')
     if hierarchy_ids is not None and model.local_hierarchies is None:
@@ -356,21 +305,19 @@ def check_mixup(model, n, partner, lam, hierarchy_ids):
 
 def training_loss(model, input_ids, starts, targets, attention_mask=None, partner=None, lam=None,
                   hierarchy_ids=None, mlm_pos=None, mlm_labels=None, **packed):
-    """Return (loss, lambda or None) of a batch from make_batch. Each document mixes with the one
-    at `partner` by the ratio `lam` (vanilla Mixup), a tensor (B,) of ratios in [0, 1], or by
-    LH-Mix's ratio from its local hierarchy, `hierarchy_ids`. The loss is summed over the depths
-    (the paper does not say how they combine; the authors' code takes one ZMLCE over all labels)
-    and averaged over the documents, plus HPT's MLM term when any text is masked. `packed`: a
-    packed row's encoder inputs (speed.py)."""
-    check_mixup(model, len(starts), partner, lam, hierarchy_ids)
+    """(loss, lambda or None) of a make_batch batch: document i mixes with `partner[i]` (authors':
+    a randperm) by `lam` (B,) or LH-Mix's ratio of `hierarchy_ids`; summed over depths (the paper
+    is silent; the authors' code: one ZMLCE), plus HPT's MLM term. `packed`: speed.py's."""
+    _check_mixup(model, len(starts), partner, lam, hierarchy_ids)
     hidden = model.encode(input_ids, attention_mask, **packed)
     h, t = model.slots(hidden, starts), targets[:, None, :]  # Eqs. 1 and 5: h^d
     if partner is None:
         loss = model.loss(model.score(h), t)  # Eq. 2
     else:
         if hierarchy_ids is not None:
-            lam = pair_ratios(model.local_hierarchies[hierarchy_ids], partner, model.alpha,
-                              model.beta)  # Eqs. 3 and 4
+            hier = model.local_hierarchies[hierarchy_ids]  # Eq. 3's h_[CLS]
+            s = hierarchy_similarity(hier, hier[partner])  # Eq. 3, with the partner's
+            lam = mixup_ratio(s, model.alpha, model.beta)  # Eq. 4
         h = mix_hidden(h, h[partner], lam)  # Eq. 5
         p = model.score(h)  # Eq. 6: the mixed states scored
         # Each pair by its own lambda, not by the batch's mean lambda as the authors' code.
@@ -385,10 +332,8 @@ def training_loss(model, input_ids, starts, targets, attention_mask=None, partne
 # Not LH-Mix: Table 3's flat BERT, HGCLR's baseline
 
 class FlatBERT(Classifier):
-    """Table 3's flat BERT, HGCLR's: the text alone after [CLS], whose state dropout and a linear
-    layer map to every label's score, and binary cross-entropy. It adds no token to the
-    vocabulary and trains without HPT's MLM term. Mixup mixes the [CLS] states (Eqs. 5-7 with
-    this score and loss; the paper does not say which states its rows mix)."""
+    """Table 3's flat BERT, HGCLR's: [CLS] text [SEP], dropout and a linear layer on [CLS], BCE, no
+    MLM term. Mixup mixes the [CLS] states (the paper does not say which states its rows mix)."""
     arch, mlm_term, depth_ids = 'bert', False, ()
 
     def make_head(self):
@@ -428,8 +373,7 @@ def tokenize(tokenizer, texts, max_text_len):
 
 
 def pad_rows(seqs, pad_id, multiple):
-    """Id lists laid out a row each, padded to a multiple of `multiple`: input_ids,
-    attention_mask, and `starts`, each list's first flat position."""
+    """Id lists a row each, padded to a multiple: input_ids, attention_mask, `starts` (flat)."""
     lengths = np.array([len(s) for s in seqs])
     T = -(-lengths.max() // multiple) * multiple
     mask = np.arange(T) < lengths[:, None]
@@ -441,11 +385,8 @@ def pad_rows(seqs, pad_id, multiple):
 
 
 def make_batch(model, token_ids, labels, rng=None, mlm_rate=0.0, layout=pad_rows):
-    """`prefix text [SEP]` for each document, laid out by `layout` (pad_rows, or speed.py's
-    packed row) to a multiple of 16 on a GPU (tensor cores), 8 on a CPU, and `targets` (B, V):
-    each label set closed upward (Hierarchy.closure), so leaves alone will do. With mlm_rate, the
-    text is masked for HPT's MLM term (mask_tokens, drawing from `rng`). Everything is made on
-    the CPU: no step syncs."""
+    """`prefix text [SEP]` each, by `layout` (pad_rows or speed.pack_row) to a multiple of 16 on a
+    GPU (tensor cores), else 8; `targets` (B, V) closed upward; with mlm_rate, masked (HPT's)."""
     if len(labels) != len(token_ids):
         raise ValueError(f'{len(token_ids)} texts, {len(labels)} label lists: give one per text')
     if mlm_rate > 0 and rng is None:
@@ -463,11 +404,11 @@ def make_batch(model, token_ids, labels, rng=None, mlm_rate=0.0, layout=pad_rows
         if len(pos):  # A batch with nothing masked has no MLM term.
             batch['mlm_pos'], batch['mlm_labels'] = pos, gold
     return batch
+
+
 def mask_tokens(input_ids, text_starts, token_ids, rng, rate, mask_id):
-    """BERT's masking, which HPT's MLM term trains on, done in place on `input_ids`: each text
-    word-piece (the texts `token_ids` begin at the flat positions `text_starts`) is chosen with
-    probability `rate`; of those, 80% become [MASK], 10% another word-piece of the batch's texts,
-    10% stay. Returns the chosen flat positions and their original ids."""
+    """BERT's masking for HPT's MLM term, in place: each text word-piece chosen at `rate`, then
+    80% [MASK], 10% another of the batch's, 10% kept. Returns the positions and their old ids."""
     pos = torch.from_numpy(np.concatenate([start + np.flatnonzero(rng.random(len(t)) < rate)
                                            for start, t in zip(text_starts, token_ids)]))
     flat = input_ids.view(-1)
@@ -480,32 +421,8 @@ def mask_tokens(input_ids, text_starts, token_ids, rng, rate, mask_id):
     return pos, gold
 
 
-def to_device(batch, device):
-    """The batch on `device`; to a GPU through pinned memory, which copies without a host sync."""
-    if device.type == 'cuda':
-        return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
-    return {k: v.to(device) for k, v in batch.items()}
-
-
-def train_batches(lengths, batch_size, rng, mixing):
-    """An epoch's batches: (document ids, partner positions or None). While mixing, slices of a
-    shuffle, and the partners are the authors' randperm(B), so pi(i) == i leaves a document
-    unmixed. Otherwise batches of similar lengths, from chunks of 64 batches, pad less."""
-    perm = rng.permutation(len(lengths))
-    if mixing:
-        return [(idx, rng.permutation(len(idx))) for idx in
-                (perm[i:i + batch_size] for i in range(0, len(perm), batch_size))]
-    lengths, batches = np.asarray(lengths), []
-    for i in range(0, len(perm), 64 * batch_size):
-        part = perm[i:i + 64 * batch_size]
-        part = part[np.argsort(lengths[part], kind='stable')]
-        batches += [(part[k:k + batch_size], None) for k in range(0, len(part), batch_size)]
-    return [batches[i] for i in rng.permutation(len(batches))]
-
-
 def autocast(device):
-    """bf16 autocast on a GPU that has it, else fp16; none (fp32) on a CPU. The cast cache is off
-    because CUDA graphs forbid it, and a step casts each weight once anyway."""
+    """bf16 autocast on a GPU (else fp16), none on a CPU; no cast cache (CUDA graphs forbid it)."""
     cuda = device.type == 'cuda'
     dtype = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float16
     return torch.autocast(device.type, dtype, enabled=cuda, cache_enabled=False)
@@ -513,18 +430,18 @@ def autocast(device):
 
 @torch.no_grad()
 def score_documents(model, token_ids, batch_size=128):
-    """Return every label's score for each document given as word-pieces: a numpy float32 array
-    (N, V), in input order, each label scored at its own depth's slot; a label is predicted where
-    its score is above 0. The model scores in eval mode (no dropout) and is left in its mode."""
+    """Return each label's score (at its depth's slot) for each document's word-pieces, a numpy
+    float32 array (N, V) in input order; > 0: predicted. In eval mode; the model's mode is kept."""
     device, was_training = next(model.parameters()).device, model.training
     out = torch.zeros(len(token_ids), len(model.hierarchy), device=device)
     model.eval()
     order = np.argsort([len(t) for t in token_ids], kind='stable')  # Similar lengths pad less.
     for i in range(0, len(order), batch_size):
         idx = order[i:i + batch_size]
-        b = to_device(make_batch(model, [token_ids[j] for j in idx], [[]] * len(idx)), device)
+        b = make_batch(model, [token_ids[j] for j in idx], [[]] * len(idx))
         with autocast(device):
-            scores = model.label_scores(b['input_ids'], b['attention_mask'], b['starts'])
+            scores = model.label_scores(*(b[k].to(device) for k in ('input_ids',
+                                                                    'attention_mask', 'starts')))
         out[torch.from_numpy(idx).to(device)] = scores  # Written on the GPU: no sync a batch.
     model.train(was_training)
     return out.cpu().numpy()
@@ -535,9 +452,8 @@ def score_documents(model, token_ids, batch_size=128):
 if triton is not None:
     @triton.jit
     def _zmlce_kernel(S, T, VALID, LOSS, GRAD, L, BLOCK: tl.constexpr):
-        """One score vector (BLOCK >= L). Eq. 2's log-sum-exps are shifted by max(0, x) so that
-        no exponential overflows; the gradient is e^(s - lse_neg) for a negative label and
-        -e^(-s - lse_pos) for a positive one."""
+        """One score vector (BLOCK >= L). Eq. 2's log-sum-exps shifted by max(0, x), so that no
+        exponential overflows; the gradient e^(s - lse_neg), or -e^(-s - lse_pos) if positive."""
         i, cols = tl.program_id(0).to(tl.int64), tl.arange(0, BLOCK)
         at, ok = i * L + cols, cols < L
         s = tl.load(S + at, mask=ok, other=0.0).to(tl.float32)

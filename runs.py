@@ -6,7 +6,9 @@ import fcntl
 import hashlib
 import json
 import os
+import platform
 import re
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -167,9 +169,30 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
 # before its first save.
 
 def digest(hierarchy, splits):
-    """Return what --resume checks against the run's: the labels and every split's documents."""
-    x = json.dumps([hierarchy.labels, hierarchy.parent, splits]).encode()
-    return hashlib.sha256(x).hexdigest()
+    """Return what --resume checks against the run's, and its record keeps: SHA-256 digests of
+    the labels and their tree, of the label names, and of each split's documents, whole."""
+    def sha(x):
+        return hashlib.sha256(json.dumps(x).encode()).hexdigest()
+    return {'labels': sha([hierarchy.labels, hierarchy.parent]), 'names': sha(hierarchy.names),
+            **{k: sha(docs) for k, docs in splits.items()}}
+
+
+def provenance(device, digests):
+    """Where a run comes from, for its record: the commit of this file's repository, if any, and
+    whether its tracked files had changes; the versions; the GPU; the data's digests."""
+    import transformers
+
+    def git(*command):  # None where there is no git, or no repository
+        with contextlib.suppress(OSError, subprocess.CalledProcessError):
+            return subprocess.run(['git', *command], cwd=os.path.dirname(os.path.abspath(
+                __file__)), capture_output=True, text=True, check=True).stdout.strip()
+    commit = git('rev-parse', 'HEAD')
+    changes = commit and git('status', '--porcelain', '--untracked-files=no')
+    return {'commit': commit, 'dirty': None if changes is None else changes != '',
+            'python': platform.python_version(), 'torch': torch.__version__,
+            'transformers': transformers.__version__, 'cuda': torch.version.cuda,
+            'gpu': torch.cuda.get_device_name(device) if device.type == 'cuda' else None,
+            'data': digests}
 
 
 def delete_run(folder, names=RUN + TMP):
@@ -198,6 +221,13 @@ def settle(folder):
     if os.path.isdir(new):
         delete_run(new)
         os.rmdir(new)
+
+
+def since_best(history):
+    """Return the epochs since the best dev macro-F1 (the first of equal ones) of a run's
+    metrics.jsonl lines: best/ holds that epoch, and early stopping counts them."""
+    f1 = [h['dev_macro_f1'] for h in history]
+    return len(f1) - 1 - f1.index(max(f1)) if f1 else 0
 
 
 class RunFolder:
@@ -305,14 +335,15 @@ class RunFolder:
             meta['adam'].setdefault(int(i), {})[name] = meta['extra'].pop(key)
         return model, tokenizer, meta
 
-    def save(self, model, tokenizer, meta, history, extra, adam, improved):
-        """Writes best/ (if `improved`), metrics.jsonl, then last/ (with Adam's state); both
-        checkpoints keep the tensors `extra`. A kill between them re-runs the epoch at --resume.
-        An --overwrite's first epoch is written into NEW, and replaces the earlier run once whole
-        there; if it cannot be written (a disk too small for both, say), the earlier run stays."""
+    def save(self, model, tokenizer, meta, history, extra, adam):
+        """Writes best/ (if the last epoch is the best: since_best), metrics.jsonl, then last/
+        (with Adam's state); both checkpoints keep the tensors `extra`. A kill between them re-runs
+        the epoch at --resume. An --overwrite's first epoch is written into NEW, and replaces the
+        earlier run once whole there; if it cannot be written (a disk too small for both, say),
+        the earlier run stays."""
         root = os.path.join(self.path, NEW) if self.replacing else self.path
         try:
-            if improved:
+            if since_best(history) == 0:
                 save_checkpoint(os.path.join(root, 'best'), model, tokenizer,
                                 {**meta, 'epoch': len(history) - 1, 'dev': history[-1]}, extra)
             write_whole(os.path.join(root, METRICS),

@@ -1,13 +1,17 @@
-"""What makes a training step fast on a GPU, beside lhmix.py, which runs without it: Mixup's
-random batches packed into one row whose documents attend to themselves only, and whole steps
-replayed from CUDA graphs. train.py uses both where cuda_graphs_unavailable() says they run.
+"""What makes training fast, beside lhmix.py, which runs without it: batches of similar lengths
+where there is no Mixup; Mixup's random batches packed into one row whose documents attend to
+themselves only; whole steps replayed from CUDA graphs, where use_cuda_graphs() says they run.
 
+    train_batches(lengths, batch_size, rng, mixing)   an epoch's batches and Mixup partners
     use_packed_rows(model)        the encoder attends per document in a packed row
     pack_row(seqs, pad_id, multiple)   a layout for lhmix.make_batch: all documents in one row
     pad_for_graphs(batch, rate)   the MLM term's positions padded to a count per batch shape
-    cuda_graphs_unavailable(device), CUDAGraphs(fn)   steps replayed from CUDA graphs
+    to_device(batch, device)      a batch moved to a GPU without a host sync
+    make_optimizer(model, lr, capturable)   Adam, fused on a GPU, ready for CUDA graphs
+    use_cuda_graphs(device), CUDAGraphs(fn)   steps replayed from CUDA graphs, where they run
 """
 import math
+import sys
 
 import numpy as np
 import torch
@@ -50,6 +54,22 @@ def use_packed_rows(model):
     model.mlm.set_attn_implementation('packed')
 
 
+def train_batches(lengths, batch_size, rng, mixing):
+    """An epoch's batches: (document ids, partner positions or None). While mixing, slices of a
+    shuffle, and the partners are the authors' randperm(B), so pi(i) == i leaves a document
+    unmixed. Otherwise batches of similar lengths, from chunks of 64 batches, which pad less."""
+    perm = rng.permutation(len(lengths))
+    if mixing:
+        return [(idx, rng.permutation(len(idx))) for idx in
+                (perm[i:i + batch_size] for i in range(0, len(perm), batch_size))]
+    lengths, batches = np.asarray(lengths), []
+    for i in range(0, len(perm), 64 * batch_size):
+        part = perm[i:i + 64 * batch_size]
+        part = part[np.argsort(lengths[part], kind='stable')]
+        batches += [(part[k:k + batch_size], None) for k in range(0, len(part), batch_size)]
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
 def pack_row(seqs, pad_id, multiple):
     """Id lists laid out as lhmix.make_batch's `layout`, all in one row, a multiple of PACKED
     long (`multiple` divides it): input_ids, position_ids, token_type_ids (the encoder's default
@@ -80,15 +100,39 @@ def pad_for_graphs(batch, rate):
     return batch
 
 
-def cuda_graphs_unavailable(device):
-    """Why CUDA graphs cannot run training steps on `device`, or None when they can."""
-    if device.type != 'cuda':
-        return 'not a CUDA device'
-    if not torch.cuda.is_bf16_supported():
-        return 'no bf16 on this GPU (fp16 needs a loss scaler that syncs)'
-    if not TRANSFORMERS_5:
-        return 'transformers 4 syncs inside the encoder (5 does not)'
-    return None
+def to_device(batch, device):
+    """The batch on `device`; to a GPU through pinned memory, which copies without a host sync."""
+    if device.type == 'cuda':
+        return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def make_optimizer(model, lr, capturable, state=None):
+    """Return (Adam, its loss scaler), continuing from Adam's `state` when one is given. On a GPU
+    Adam is fused; `capturable` keeps its step count on the GPU, as a CUDA graph needs."""
+    cuda = next(model.parameters()).is_cuda
+    opt = torch.optim.Adam(model.parameters(), lr=lr, fused=cuda, capturable=capturable)
+    opt.load_state_dict({'state': state or {}, 'param_groups': opt.state_dict()['param_groups']})
+    # fp16 (a GPU without bf16) needs its loss scaled; the scale starts afresh at --resume.
+    scaler = torch.amp.GradScaler(enabled=cuda and not torch.cuda.is_bf16_supported())
+    # Every gradient is allocated here, once, and zeroed in place by every step: a CUDA graph
+    # then writes the same memory at every replay, and every step, graphed or eager, updates a
+    # weight that its batch leaves unused as one with gradient 0, even one no batch used yet.
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    return opt, scaler
+
+
+def use_cuda_graphs(device, eager=False):
+    """Whether train.py's steps run from CUDA graphs on `device`: where they can, unless `eager`.
+    On a GPU where they cannot, it says why: fp16 (no bf16) needs a loss scaler, which syncs, and
+    so does transformers 4's encoder."""
+    why_not = device.type == 'cuda' and not eager and (
+        not torch.cuda.is_bf16_supported() and 'no bf16 on this GPU' or not TRANSFORMERS_5
+        and 'transformers 4 syncs inside the encoder')
+    if why_not:
+        print(f'CUDA graphs off: {why_not}', file=sys.stderr)
+    return device.type == 'cuda' and not eager and not why_not
 
 
 class CUDAGraphs:

@@ -238,17 +238,23 @@ def test_hierarchy_similarity_eq3_clamped_to_0_1():
 
 
 @pytest.mark.parametrize('alpha, beta', [(1.0, 0.75), (0.5, 1.0), (2.0, 0.6)])
-def test_mixup_ratio_eq4_and_pair_ratios_one_way(alpha, beta):
+def test_mixup_ratio_eq4_and_lhmix_ratios_of_one_way_pairs(tiny, alpha, beta):
     s = torch.tensor([0.0, 1.0, 0.1, 0.37, 0.8], dtype=torch.float64)
     got = lhmix.mixup_ratio(s, alpha, beta).numpy()
     np.testing.assert_allclose(got, [-(beta - 0.5) * x ** alpha + beta for x in s.tolist()],
                                rtol=1e-14)
     assert got[0] == pytest.approx(beta) and got[1] == pytest.approx(0.5)  # unrelated; identical
-    table, rows = torch.randn(10, 8, generator=torch.Generator().manual_seed(0)), [3, 1, 4, 1, 5, 9]
-    partner = torch.tensor([1, 2, 3, 3, 0, 4])  # one-way, and 3 is its own partner (lambda 0.5)
-    lam, t = lhmix.pair_ratios(table[rows], partner, alpha, beta), table.double().numpy()
+    # a model's step: each document's lambda from its row of the table and its partner's
+    model, _ = tiny
+    table = torch.randn(10, 128, generator=torch.Generator().manual_seed(0))
+    rows, partner = [3, 1, 4, 1, 5, 9], torch.tensor([1, 2, 3, 3, 0, 4])  # 3: its own partner
+    lhmix.use_local_hierarchies(model, table, alpha, beta)
+    b = lhmix.make_batch(model, [np.array([5, 6])] * 6, [[0]] * 6)
+    lam = model(**b, partner=partner, hierarchy_ids=torch.tensor(rows))[1]
+    t = table.double().numpy()
     expected = [_cos_ratio(t[rows[b]], t[rows[partner[b]]], alpha, beta)[1] for b in range(6)]
     np.testing.assert_allclose(lam, expected, atol=1e-6)
+    assert lam[3] == pytest.approx(0.5)
 
 
 def test_vanilla_mixup_ratio_folds_a_beta_draw_per_document():
@@ -401,10 +407,14 @@ def test_forward_and_predict_follow_eqs_1_5_6_7():
 
 
 def test_the_api_is_listed_in_the_docstring_and_each_name_has_one():
-    assert lhmix.__all__ and set(lhmix.__all__) <= set(dir(lhmix))
-    for name in lhmix.__all__:
+    """Every public name that lhmix defines (not starting with _) is named in its docstring and
+    has a docstring of its own."""
+    public = [n for n, v in vars(lhmix).items() if not n.startswith('_')
+              and getattr(v, '__module__', None) == 'lhmix']
+    assert len(public) > 20
+    for name in public + ['ARCHS']:
         assert re.search(rf'\b{name}\b', lhmix.__doc__), name
-        assert getattr(lhmix, name).__doc__, name
+        assert name == 'ARCHS' or getattr(lhmix, name).__doc__, name
 
 
 def test_scoring_leaves_the_model_in_its_mode_so_the_next_step_uses_dropout():
@@ -541,55 +551,6 @@ def test_local_hierarchy_ids_and_table_equal_live_frozen_encoder(tiny):
     assert s == pytest.approx(_cos_ratio(live[0], live[3], 1, 1)[0], abs=1e-5)
 
 
-# train_batches: Mixup partners a uniformly random permutation of a uniformly random batch (as
-# the authors' randperm(B) and Zhang et al.'s Mixup); without Mixup, length-bucketed batches
-
-def _wos_lengths(n=640, seed=1234):  # like WOS's word-pieces: normal(284, 100), cut to 8..509
-    return np.clip(np.random.default_rng(seed).normal(284, 100, n).round().astype(int), 8, 509)
-
-
-def test_mixup_partners_random_permutation_of_a_random_batch():
-    lengths, B, epochs = _wos_lengths(), 16, 200
-    rng = np.random.default_rng(0)
-    rows, fixed, two_cycle, mine, theirs = 0, 0, 0, [], []
-    for _ in range(epochs):
-        for idx, partner in lhmix.train_batches(lengths, B, rng, mixing=True):
-            if len(idx) < B:
-                continue
-            i = np.arange(B)
-            rows, fixed = rows + B, fixed + (partner == i).sum()
-            two_cycle += (partner[partner] == i).sum()  # i in a cycle of length 1 or 2
-            moved = partner != i  # a row mixed with another document
-            mine += lengths[idx[moved]].tolist()
-            theirs += lengths[idx[partner[moved]]].tolist()
-    # a uniform permutation of 16 has in expectation 1 fixed point and 1/2 two-cycle: 1/16 of the
-    # rows are their own partner (clean), 2/16 are partners' partners; tolerances: 5 binomial sd
-    for count, p in ((fixed, 1 / B), (two_cycle, 2 / B)):
-        assert abs(count / rows - p) < 5 * math.sqrt(p * (1 - p) / rows)
-    # a partner's length is any document's: no correlation (sd of r ~ 1 / sqrt(n))
-    assert abs(np.corrcoef(mine, theirs)[0, 1]) < 5 / math.sqrt(len(mine))
-
-
-@pytest.mark.parametrize('n, batch', [(640, 16), (17, 16), (33, 16), (7, 4), (1, 16), (3, 2),
-                                      (5000, 16)])
-def test_train_batches_each_document_once_per_epoch(n, batch):
-    lengths = _wos_lengths(n, seed=n)
-    rng = np.random.default_rng(n)
-    for mixing in (True, False):
-        for _ in range(3):
-            batches = lhmix.train_batches(lengths, batch, rng, mixing)
-            ids = np.concatenate([idx for idx, _ in batches])
-            assert ids.dtype == np.int64 and sorted(ids.tolist()) == list(range(n))
-            assert all(0 < len(idx) <= batch for idx, _ in batches)
-            for idx, partner in batches:  # a permutation of the batch's positions ([0] for 1)
-                assert partner is None if not mixing else (
-                    partner.dtype == np.int64 and sorted(partner) == list(range(len(idx))))
-    if n >= 640:  # without Mixup, length-bucketed: far less padding than random batches
-        bucketed, shuffled = (sum(lengths[i].max() * len(i) - lengths[i].sum() for i, _ in
-                                  lhmix.train_batches(lengths, batch, rng, mix)) for mix in (0, 1))
-        assert bucketed < 0.2 * shuffled
-
-
 # Table 3's flat BERT (HGCLR's baseline), not LH-Mix: a linear layer on [CLS], BCE
 
 def bce(scores, y):  # -y log sigmoid(s) - (1 - y) log(1 - sigmoid(s)), mean over labels
@@ -719,16 +680,19 @@ def test_labels_whose_names_have_no_word_piece_are_named_in_one_warning_with_the
     with warnings.catch_warnings():
         warnings.simplefilter('error')
         tiny_model(lhmix.Hierarchy(PARENTS))
-    empty = ("labels {}: their names hold no word (rename them: train.py reads label_names.tsv "
-             'in the data folder, the API Hierarchy(parents, names))')
-    unknown = ("labels {}: the tokenizer's vocabulary has none of their names' words, only [UNK] "
-               '(take a model whose vocabulary has them, train.py --model, or rename them)')
-    end = ': so they start alike, and are alike in local hierarchies'
+
+    def warned(causes):
+        return ('labels whose names give no word-piece but [UNK], so that they start alike and '
+                f'are alike in local hierarchies: {causes}; rename them (train.py: label_names.tsv '
+                'in the data folder; the API: Hierarchy(parents, names)) or take a model whose '
+                'vocabulary has their words (train.py --model)')
+    empty = 'its name holds no word'
+    unknown = "the tokenizer's vocabulary has none of its name's words"
     for parents, named, message in (
             ({'Sci': None, 'ML/': None, 'Sci/___': 'Sci', 'Sci/rock_&_roll': 'Sci'},
-             ['ML/', 'Sci/___'], empty.format(['ML/', 'Sci/___']) + end),
+             ['ML/', 'Sci/___'], warned({'ML/': empty, 'Sci/___': empty})),
             ({'Sci': None, 'Sci/&': 'Sci', 'Sci/_': 'Sci'}, ['Sci/&', 'Sci/_'],
-             empty.format(['Sci/_']) + '; ' + unknown.format(['Sci/&']) + end)):
+             warned({'Sci/&': unknown, 'Sci/_': empty}))):
         for arch in ('prompt', 'bert'):
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter('always')

@@ -1,10 +1,9 @@
-"""Train LH-Mix (or an ablation), then test the best-dev checkpoint.
+"""Train LH-Mix (or an ablation), then test the best-dev checkpoint. The run folder (--out) gets
+metrics.jsonl (a line an epoch), the checkpoints best/ and last/ (loadable after a kill at any
+instant: --resume continues), test_metrics.json.
 
     python train.py --data demo      # synthetic data and a tiny BERT: about a minute on a CPU
     python train.py --data wos       # bert-base-uncased on WOS, as the paper (downloads WOS)
-
-The run folder (--out) gets metrics.jsonl (a line an epoch), the checkpoints best/ and last/
-(loadable after a kill at any instant: --resume continues), test_metrics.json.
 """
 import argparse
 import functools
@@ -13,12 +12,11 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 if __name__ == '__main__' and not {'OMP_WAIT_POLICY', 'GOMP_SPINCOUNT'} & set(os.environ):
     # OpenMP's idle threads spin briefly, then sleep: a lone run keeps spinning speed, and runs
-    # sharing a CPU do not slow each other down many times over. torch's OpenMP (GNU's, on Linux)
-    # reads this once, when torch loads; a user's own setting of either variable wins.
+    # sharing a CPU do not stall each other. torch's OpenMP (GNU's) reads it as torch loads.
     os.environ['GOMP_SPINCOUNT'] = '1000'
 
 import numpy as np  # noqa: E402
@@ -31,91 +29,88 @@ import lhmix  # noqa: E402
 import runs  # noqa: E402
 import speed  # noqa: E402
 
-# What --data demo sets: a tiny BERT that trains in about a minute on a CPU.
-DEMO = dict(model='tiny', epochs=12, warmup_epochs=4, lr=1e-3, max_length=128)
+# The defaults: the paper's where it gives them (Sec. 5.2), else the authors' README command for
+# RCV1 or HPT's, else ours. tools/ reads this block as it is written: keep it a literal.
+DEFAULTS = {
+    'model': 'bert-base-uncased',  # the paper's (Sec. 5.2)
+    'arch': 'prompt',              # the paper's prompt; 'bert': Table 3's flat BERT (HGCLR's)
+    'mix': 'lhmix',                # Table 3's rows: 'lhmix', 'mixup' or 'none' (Prompt, BERT)
+    'lr': 3e-5,                    # the paper's Adam (Sec. 5.2)
+    'warmup_epochs': 5,            # the paper's first step, without Mixup (Sec. 5.2)
+    'early_stop': 5,               # the paper's: epochs without a better macro-F1 (Sec. 5.2)
+    'epochs': 100,                 # ours: runs stop early before it
+    'alpha': 1.0,                  # Eq. 4: the authors' README command for RCV1
+    'beta': 0.75,                  # Eq. 4: the same command
+    'mix_alpha': 1.0,              # + Mixup's Beta(a, a): Zhang et al.'s Mixup
+    'batch': 16,                   # HPT's
+    'max_length': 512,             # HPT's
+    'no_mlm': False,               # HPT's MLM term is on, as in the authors' code
+    'train_fraction': 1.0,         # all of the training split; Fig. 4 takes less
+    'seed': 0,
+}
+# --model tiny (a 2-layer BERT built from the data) learns faster, on less; --data demo is it.
+TINY = {'lr': 1e-3, 'warmup_epochs': 4, 'max_length': 128}
+DEMO = {'model': 'tiny', 'epochs': 12}
+# What each number may be, which -h shows and parse() checks (lhmix checks --max-length).
+POSITIVE, COUNT = ('> 0', lambda x: x > 0), ('>= 1', lambda x: x >= 1)
+VALID = {'lr': POSITIVE, 'alpha': POSITIVE, 'mix_alpha': POSITIVE, 'epochs': COUNT,
+         'early_stop': COUNT, 'batch': COUNT, 'warmup_epochs': ('>= 0', lambda x: x >= 0),
+         'beta': ('in [0.5, 1]', lambda x: 0.5 <= x <= 1),
+         'train_fraction': ('in (0, 1]', lambda x: 0 < x <= 1),
+         'seed': ('in [0, 2^32)', lambda x: 0 <= x < 2 ** 32)}
 MLM_RATE = 0.15  # HPT's MLM loss masks 15% of the text's word-pieces.
-# The flags that steer a run without being part of its settings, which a checkpoint keeps.
-CONTROL = ('out', 'device', 'resume', 'overwrite', 'no_cuda_graphs')
-
-
-def within(cast, interval):
-    """An argparse type: a finite number in `interval`, such as '(0, 1]', which -h shows."""
-    lo, hi = (float(x) for x in interval[1:-1].split(','))
-
-    def number(text):
-        x = cast(text)
-        if not (math.isfinite(x) and (lo <= x if interval[0] == '[' else lo < x)
-                and (x <= hi if interval[-1] == ']' else x < hi)):
-            raise argparse.ArgumentTypeError(f'must be in {interval}, got {text}')
-        return x
-    # argparse names the type in its own message, as in "invalid int value: 'x'".
-    number.__name__, number.interval = cast.__name__, interval
-    return number
-
-
-def add_flag(p, *flag, **kw):
-    """p.add_argument, with the flag's range, if its type has one, at the end of its help."""
-    interval = getattr(kw.get('type'), 'interval', '')
-    kw['help'] += f', in {interval}' * bool(interval)
-    p.add_argument(*flag, **kw)
+CONTROL = ('out', 'device', 'resume', 'overwrite', 'no_cuda_graphs')  # Not the run's settings.
 
 
 def parse(argv=None):
-    """Return the arguments, and those that the command line gave."""
+    """Return the arguments, and those that the command line gave. A setting not given is DEMO's
+    with --data demo, TINY's with --model tiny, else DEFAULTS'; each number is checked (VALID)."""
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_flag(p, '--data', required=True, help='wos, nyt, rcv1, a folder, or demo: synthetic, with '
-             + ', '.join(f"--{k.replace('_', '-')} {v}" for k, v in DEMO.items()))
-    add_flag(p, '--data-dir', help='the folder of wos, nyt or rcv1 (default: data/NAME)')
-    add_flag(p, '--model', default='bert-base-uncased', help='a BERT-style masked LM, hub id or '
-             "folder; tiny: a 2-layer BERT built from the data (default: the paper's "
-             '%(default)s, Sec. 5.2)')
-    add_flag(p, '--arch', default='prompt', choices=['prompt', 'bert'], help="the paper's prompt, "
-             "or Table 3's flat BERT: HGCLR's head (linear on [CLS]) and loss (BCE), trained with "
-             "the settings below, not HGCLR's (default: %(default)s)")
-    add_flag(p, '--mix', default='lhmix', choices=['lhmix', 'mixup', 'none'],
-             help='Table 3 (default: %(default)s)')
-    add_flag(p, '--lr', type=within(float, '(0, inf)'), default=3e-5,
-             help="Adam's learning rate (default: the paper's %(default)s)")
-    add_flag(p, '--warmup-epochs', type=within(int, '[0, inf)'), default=5,
-             help="first, without Mixup (default: the paper's %(default)s)")
-    add_flag(p, '--early-stop', type=within(int, '[1, inf)'), default=5, help='after so many '
-             "epochs without a better dev macro-F1 (default: the paper's %(default)s)")
-    add_flag(p, '--epochs', type=within(int, '[1, inf)'), default=100,
-             help='at most (default: %(default)s, ours; runs stop early before it)')
-    add_flag(p, '--alpha', type=within(float, '(0, inf)'), default=1.0,
-             help="Eq. 4 (default: %(default)s, the authors' README command for RCV1)")
-    add_flag(p, '--beta', type=within(float, '[0.5, 1]'), default=0.75,
-             help='Eq. 4; 0.5 mixes every pair at 0.5 (default: %(default)s, as --alpha)')
-    add_flag(p, '--mix-alpha', type=within(float, '(0, inf)'), default=1.0, help="vanilla Mixup's "
-             "Beta(a, a), drawn per document (default: %(default)s, Zhang et al.'s, drawn per "
-             'batch)')
-    add_flag(p, '--batch', type=within(int, '[1, inf)'), default=16,
-             help="documents a step (default: HPT's %(default)s)")
-    add_flag(p, '--max-length', type=within(int, '[1, inf)'), default=512,
-             help="tokens an input (default: HPT's %(default)s)")
-    add_flag(p, '--no-mlm', action='store_true',
-             help="without HPT's MLM loss (the authors' code has it)")
-    add_flag(p, '--train-fraction', type=within(float, '(0, 1]'), default=1.0,
-             help='a random part of the training split (Fig. 4; default: %(default)s)')
-    add_flag(p, '--seed', type=within(int, '[0, 4294967295]'), default=0,
-             help='(default: %(default)s)')
-    add_flag(p, '--out', help='the run folder (default: out/DATA-ARCH-MIX-sSEED)')
+
+    def flag(name, help, **kw):  # A setting's help ends with its range and defaults.
+        key = name[2:].replace('-', '_')
+        notes = [VALID[key][0]] if key in VALID else []
+        notes += [f'default: {DEFAULTS[key]}'] if key in DEFAULTS and 'action' not in kw else []
+        notes += [f'--model tiny: {TINY[key]}'] if key in TINY else []
+        p.add_argument(name, default=None, **kw, help=help + f' ({"; ".join(notes)})' * bool(notes))
+    flag('--data', 'wos, nyt, rcv1, a folder, or demo (synthetic; --model tiny --epochs 12)',
+         required=True)
+    flag('--data-dir', 'the folder of wos, nyt or rcv1 (default: data/NAME)')
+    flag('--model', 'a masked LM, hub id or folder; tiny: a 2-layer BERT of the data, fast on a '
+         'CPU, with defaults of its own')
+    flag('--arch', "the paper's prompt, or Table 3's flat BERT (HGCLR's linear head on [CLS], "
+         'BCE)', choices=['prompt', 'bert'])
+    flag('--mix', 'Table 3: LH-Mix, vanilla Mixup, or none', choices=['lhmix', 'mixup', 'none'])
+    for name, kind, help in (
+            ('--lr', float, "Adam's learning rate"), ('--epochs', int, 'at most'),
+            ('--warmup-epochs', int, 'the first epochs, without Mixup'),
+            ('--early-stop', int, 'epochs without a better dev macro-F1 before a stop'),
+            ('--alpha', float, 'Eq. 4'), ('--beta', float, 'Eq. 4; 0.5 mixes every pair at 0.5'),
+            ('--mix-alpha', float, "vanilla Mixup's Beta(a, a), drawn per document"),
+            ('--batch', int, 'documents a step'), ('--max-length', int, 'tokens an input'),
+            ('--train-fraction', float, 'a random part of the training split (Fig. 4)'),
+            ('--seed', int, 'the random seed')):
+        flag(name, help, type=kind)
+    flag('--out', 'the run folder (default: out/DATA-ARCH-MIX-sSEED)')
     runs.add_device(p)
-    add_flag(p, '--resume', action='store_true',
-             help="continue --out's run, its settings kept (a given --epochs extends it)")
-    add_flag(p, '--overwrite', action='store_true',
-             help="replace the run in --out, which stays until this run's first epoch is saved")
-    add_flag(p, '--no-cuda-graphs', action='store_true', help='run the GPU steps eagerly')
+    for name, help in (
+            ('--no-mlm', "without HPT's MLM loss (the flat BERT never has it)"),
+            ('--resume', "continue --out's run in its settings (a given --epochs extends it)"),
+            ('--overwrite', "replace --out's run once this run's first epoch is saved"),
+            ('--no-cuda-graphs', 'run the GPU steps eagerly')):
+        flag(name, help, action='store_true')
     args = p.parse_args(argv)
-    if args.data == 'demo':
-        p.set_defaults(**DEMO)
-        args = p.parse_args(argv)
+    given = {k: v for k, v in vars(args).items() if v is not None}
+    demo = DEMO if args.data == 'demo' else {}
+    tiny = TINY if given.get('model', demo.get('model')) == 'tiny' else {}
+    args = argparse.Namespace(**{**vars(args), **DEFAULTS, **tiny, **demo, **given})
+    for key, (want, ok) in VALID.items():
+        value = getattr(args, key)
+        if not (math.isfinite(value) and ok(value)):
+            p.error(f'argument --{key.replace("_", "-")}: must be {want}, got {value}')
     if args.resume and args.overwrite:
         p.error('--resume and --overwrite exclude each other')
-    # Parsed again with every default None, the arguments show which flags the user gave.
-    p.set_defaults(**dict.fromkeys(vars(args)))
-    given = {k: v for k, v in vars(p.parse_args(argv)).items() if v is not None}
     args.out = os.path.normpath(args.out or os.path.join('out', '-'.join((
         os.path.basename(os.path.normpath(args.data)), args.arch, args.mix, f's{args.seed}'))))
     return args, given
@@ -123,91 +118,49 @@ def parse(argv=None):
 
 # Prepare: a new run, or the run in --out
 
-@dataclass
-class Run:
-    args: argparse.Namespace
-    folder: runs.RunFolder
-    model: lhmix.LHMix
-    tokenizer: object
-    meta: dict          # The settings and the data's digest, saved in every checkpoint.
-    tokens: dict        # {split: each document's word-pieces}
-    gold: dict          # {split: each document's label ids}
-    train_labels: list  # The whole training split's labels, which the frequency quartiles count.
-    history: list = field(default_factory=list)  # metrics.jsonl's lines, an epoch each
-    # The tensors saved in the checkpoints beside the weights: the initial label embeddings (for
-    # tools/similar.py), and LH-Mix's local-hierarchy table and each training document's row.
-    extra: dict = field(default_factory=dict)
-    adam: dict = field(default_factory=dict)  # Adam's state, as its state_dict()['state']
-
-
 def prepare(args, given, folder):
-    """Return the run's model, data and state. At --resume the run keeps its own settings, but
-    a given --epochs, and says which given flags it ignores."""
-    state = {}
+    """Return the run: settings, folder, model, data and what its checkpoints keep. At --resume it
+    keeps its own settings (a given --epochs extends it) and says which given flags it ignores."""
+    state = {'history': [], 'extra': {}, 'adam': {}}
     if args.resume:
         model, tokenizer, last = folder.load_last()
         saved = last['args']
-        state = {'history': last['history'], 'extra': last['extra'], 'adam': last['adam']}
-        for k, v in given.items():
-            if k in saved and k != 'epochs' and v != saved[k]:
-                print(f'--resume: the run keeps its saved --{k.replace("_", "-")} {saved[k]} '
-                      f'(not {v})', file=sys.stderr)
+        state = {k: last[k] for k in state}
+        for k in [k for k in given if k in saved and k != 'epochs' and given[k] != saved[k]]:
+            print(f'--resume: the run keeps its saved --{k.replace("_", "-")} {saved[k]} '
+                  f'(not {given[k]})', file=sys.stderr)
         args = argparse.Namespace(**{**vars(args), **saved,
                                      'epochs': given.get('epochs', saved['epochs'])})
     torch.manual_seed(args.seed)
     hierarchy, splits = data.load_data(args.data, args.data_dir)
-    used = dict(splits)
-    if args.train_fraction < 1:  # Fig. 4's sparse data: a random part of the training split
-        keep = np.random.default_rng(args.seed).permutation(len(splits['train']))
-        # The count is rounded up, after rounding off float error: 0.07 * 1200 is 84.00000000000001.
-        n = math.ceil(round(args.train_fraction * len(keep), 9))
-        used['train'] = [splits['train'][i] for i in sorted(keep[:n])]
     meta = {'args': {k: v for k, v in vars(args).items() if k not in CONTROL},
-            'data': runs.digest(hierarchy, used)}
-    if args.resume:
-        if last['data'] != meta['data']:
-            raise ValueError(f'--resume: the labels or documents of --data {args.data} differ '
-                             "from the run's; start a new run")
-    else:
+            'data': runs.digest(hierarchy, splits)}
+    if args.resume and last['data'] != meta['data']:
+        raise ValueError(f'--resume: the labels, label names or documents of --data {args.data} '
+                         "differ from the run's; start a new run")
+    used = {**splits, 'train': data.train_part(splits['train'], args.train_fraction, args.seed)}
+    if not args.resume:
         mlm, tokenizer = (data.tiny_bert([t for t, _ in used['train']] + hierarchy.names)
                           if args.model == 'tiny' else data.load_pretrained(args.model))
         model = lhmix.build_model(mlm, tokenizer, hierarchy, args.arch, args.max_length)
         if isinstance(model, lhmix.LHMix):  # The verbalizer as it starts: tools/similar.py
-            state['extra'] = {'labels_at_init': model.label_embeddings().detach().clone()}
-    budget = model.text_budget(args.max_length)
-    tokens = {k: lhmix.tokenize(tokenizer, [t for t, _ in d], budget) for k, d in used.items()}
+            state['extra']['labels_at_init'] = model.label_embeddings().detach().clone()
+    tokens = {k: lhmix.tokenize(tokenizer, [t for t, _ in d], model.text_budget(args.max_length))
+              for k, d in used.items()}
     print(f'{len(hierarchy)} labels, depth {hierarchy.num_depths}; documents '
           + ', '.join(f'{k} {len(v[0])}' for k, v in tokens.items()) + f'; cut to --max-length '
           f'{args.max_length}: ' + ', '.join(f'{k} {v[1]}' for k, v in tokens.items()))
-    return Run(args, folder, model.to(args.device), tokenizer, meta,
-               {k: v[0] for k, v in tokens.items()},
-               {k: [ls for _, ls in docs] for k, docs in used.items()},
-               [ls for _, ls in splits['train']], **state)
+    return SimpleNamespace(
+        args=args, folder=folder, model=model.to(args.device), tokenizer=tokenizer, meta=meta,
+        tokens={k: v[0] for k, v in tokens.items()}, train_labels=[ls for _, ls in splits['train']],
+        gold={k: [ls for _, ls in docs] for k, docs in used.items()}, **state)
 
 
 # One step: zero the gradients, forward, backward, Adam's update
 
-def make_optimizer(model, lr, capturable, state=None):
-    """Return (Adam, its loss scaler), continuing from Adam's `state` when one is given.
-    `capturable` keeps Adam's step count on the GPU, as a CUDA graph needs."""
-    cuda = next(model.parameters()).is_cuda
-    opt = torch.optim.Adam(model.parameters(), lr=lr, fused=cuda, capturable=capturable)
-    opt.load_state_dict({'state': state or {}, 'param_groups': opt.state_dict()['param_groups']})
-    # fp16, on a GPU without bf16 (which runs no CUDA graphs), needs its loss scaled so that
-    # small gradients do not round to 0; the scale starts afresh at --resume.
-    scaler = torch.amp.GradScaler(enabled=cuda and not torch.cuda.is_bf16_supported())
-    # Every gradient is allocated here, once, and zeroed in place by every step: a CUDA graph
-    # then writes the same memory at every replay, and every step, graphed or eager, updates a
-    # weight that its batch leaves unused as one with gradient 0, even one no batch used yet.
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)
-    return opt, scaler
-
-
 def train_step(model, opt, scaler, batch):
     """Takes one training step on a batch from lhmix.make_batch; returns (loss, lambda or None).
-    Nothing here waits for the GPU, so on a GPU a CUDA graph captures this whole function and
-    replays it."""
+    Nothing here waits for the GPU: a CUDA graph captures this whole function and replays it."""
     opt.zero_grad(set_to_none=False)
     with lhmix.autocast(batch['input_ids'].device):
         loss, lam = model(**batch)
@@ -220,20 +173,18 @@ def train_step(model, opt, scaler, batch):
 # One epoch, the dev figures, the epochs (fit), the test
 
 def train_epoch(run, step, epoch, bar):
-    """Trains an epoch; returns (mean loss, lambdas or None). Mixup's batches are random:
-    graphed steps pack them into one row, eager steps pad them, because nested tensors' Python
-    dispatch costs an eager step more than the padding does."""
+    """Trains an epoch; returns (mean loss, lambdas or None). Mixup's batches are random: graphed
+    steps pack them into one row, eager ones pad them (nested tensors cost an eager step more)."""
     args, model, tokens, gold = run.args, run.model, run.tokens['train'], run.gold['train']
-    device = next(model.parameters()).device
     # Each epoch draws from streams of its own, so that a resumed run draws as an unbroken one.
     rng = np.random.default_rng([args.seed, epoch])
     torch.manual_seed(args.seed * 100003 + epoch)
     mixing = args.mix != 'none' and epoch >= args.warmup_epochs
     mlm_rate = MLM_RATE if model.mlm_term and not args.no_mlm else 0.0
     model.train()
-    total, lams = torch.zeros((), device=device), []
+    total, lams = torch.zeros((), device=args.device), []
     graphed = isinstance(step, speed.CUDAGraphs)
-    batches = lhmix.train_batches([len(t) for t in tokens], args.batch, rng, mixing)
+    batches = speed.train_batches([len(t) for t in tokens], args.batch, rng, mixing)
     for idx, partner in batches:
         batch = lhmix.make_batch(model, [tokens[i] for i in idx], [gold[i] for i in idx], rng,
                                  mlm_rate, speed.pack_row if mixing and graphed else lhmix.pad_rows)
@@ -245,7 +196,7 @@ def train_epoch(run, step, epoch, bar):
                 batch['hierarchy_ids'] = run.extra['hierarchy_ids'][idx]
             else:
                 batch['lam'] = lhmix.vanilla_mixup_ratio(rng, args.mix_alpha, len(idx))
-        loss, lam = step(lhmix.to_device(batch, device))
+        loss, lam = step(speed.to_device(batch, args.device))
         total += loss  # Summed on the device, so that no step waits for the GPU.
         if lam is not None:
             lams.append(lam.clone())  # A graph's next replay overwrites its output.
@@ -255,28 +206,24 @@ def train_epoch(run, step, epoch, bar):
         raise FloatingPointError(f'the training loss became {loss} in epoch {epoch} (try a lower '
                                  '--lr); this epoch is not saved')
     return loss, torch.cat(lams).double().cpu().numpy() if lams else None
-def since_best(history):
-    """Return the epochs since the best dev macro-F1 (the first of equal ones)."""
-    f1 = [h['dev_macro_f1'] for h in history]
-    return len(f1) - 1 - int(np.argmax(f1)) if f1 else 0
 
 
 def evaluate_dev(run, epoch, loss, lam, seconds):
-    """Scores the dev split and prints the epoch's line; returns it as metrics.jsonl keeps it,
-    with the mixing ratios used as quantiles."""
+    """Scores the dev split and prints the epoch's line, with the seconds of training and scoring;
+    returns it as metrics.jsonl keeps it, with the mixing ratios as quantiles."""
+    t0 = time.time()
     dev = evaluate.f1_scores(lhmix.score_documents(run.model, run.tokens['dev']) > 0,
                              run.gold['dev'], len(run.model.hierarchy))
     line = {'epoch': epoch, 'mix': lam is not None, 'train_loss': loss,
             'dev_micro_f1': dev['micro_f1'], 'dev_macro_f1': dev['macro_f1'],
-            'seconds': round(seconds, 2),
-            'samples_per_s': round(len(run.tokens['train']) / seconds, 1)}
+            'seconds': round(seconds, 2), 'dev_seconds': round(time.time() - t0, 2)}
     if lam is not None:
         q = [0, 5, 25, 50, 75, 95, 100]
         line['lambda'] = {'mean': float(lam.mean()), 'quantiles': dict(
             zip(map(str, q), np.quantile(lam, np.array(q) / 100).tolist()))}
     tqdm.write(f"epoch {epoch:3d}  loss {loss:.4f}  dev micro-F1 {100 * dev['micro_f1']:.2f}  "
-               f"macro-F1 {100 * dev['macro_f1']:.2f}  {seconds:.1f} s"
-               + (f'  mixup, mean lambda {lam.mean():.3f}' if lam is not None else ''))
+               f"macro-F1 {100 * dev['macro_f1']:.2f}  {seconds:.1f} s + dev {time.time() - t0:.1f}"
+               ' s' + (f'  mixup, mean lambda {lam.mean():.3f}' if lam is not None else ''))
     return line
 
 
@@ -290,11 +237,8 @@ def fit(run):
                 model, run.tokenizer, run.gold['train'])
             print(f"{len(extra['table'])} distinct local hierarchies encoded")
         lhmix.use_local_hierarchies(model, extra['table'], args.alpha, args.beta)
-    why_not = speed.cuda_graphs_unavailable(args.device)
-    if why_not and args.device.type == 'cuda' and not args.no_cuda_graphs:
-        print(f'CUDA graphs off: {why_not}', file=sys.stderr)
-    graphed = not (why_not or args.no_cuda_graphs)
-    opt, scaler = make_optimizer(model, args.lr, graphed, run.adam)
+    graphed = speed.use_cuda_graphs(args.device, eager=args.no_cuda_graphs)
+    opt, scaler = speed.make_optimizer(model, args.lr, graphed, run.adam)
     step = functools.partial(train_step, model, opt, scaler)
     if graphed:
         speed.use_packed_rows(model)
@@ -302,7 +246,7 @@ def fit(run):
     steps = -(-len(run.tokens['train']) // args.batch)
     with tqdm(total=steps * max(args.epochs - len(run.history), 0), disable=None) as bar:
         for epoch in range(len(run.history), args.epochs):
-            if since_best(run.history) >= args.early_stop:
+            if runs.since_best(run.history) >= args.early_stop:
                 tqdm.write(f'early stop: dev macro-F1 not improved for {args.early_stop} epochs')
                 break
             t0 = time.time()
@@ -311,47 +255,45 @@ def fit(run):
             if not all(torch.isfinite(p).all() for p in model.parameters()):
                 raise FloatingPointError(f'the weights became infinite or NaN in epoch {epoch} '
                                          '(try a lower --lr); this epoch is not saved')
-            run.folder.save(model, run.tokenizer, run.meta, run.history, extra, opt,
-                            improved=since_best(run.history) == 0)
+            run.folder.save(model, run.tokenizer, run.meta, run.history, extra, opt)
 
 
-def test(run):
-    """The best-dev checkpoint's test figures, as evaluate.py computes them."""
+def test(run, started):
+    """The best-dev checkpoint's test figures, as evaluate.py computes them, and where the run
+    came from (runs.provenance); the line ends with the run's time since `started`."""
     best, _, meta = runs.load_checkpoint(os.path.join(run.folder.path, 'best'), run.args.device)
-    result = evaluate.report(lhmix.score_documents(best, run.tokens['test']) > 0,
-                             run.gold['test'], best.hierarchy, run.train_labels)
-    result.update(best_epoch=meta['epoch'], checkpoint=os.path.join(run.args.out, 'best'),
-                  args=run.meta['args'])
-    runs.write_whole(os.path.join(run.folder.path, runs.TEST_METRICS),
-                     json.dumps(result, indent=1))
+    result = {**evaluate.report(lhmix.score_documents(best, run.tokens['test']) > 0,
+                                run.gold['test'], best.hierarchy, run.train_labels),
+              'best_epoch': meta['epoch'], 'checkpoint': os.path.join(run.args.out, 'best'),
+              'args': run.meta['args'],
+              'provenance': runs.provenance(run.args.device, meta['data'])}
+    runs.write_whole(os.path.join(run.folder.path, runs.TEST_METRICS), json.dumps(result, indent=1))
     print(f"test micro-F1 {100 * result['micro_f1']:.2f}  macro-F1 {100 * result['macro_f1']:.2f}"
-          f"  (best dev epoch {meta['epoch']}, {run.args.out})")
+          f"  (best dev epoch {meta['epoch']}, {run.args.out}; {time.time() - started:.0f} s in "
+          'all)')
 
 
 def train(args, given):
     """The run in --out, from the start or from where it stopped, then its test."""
+    started = time.time()
     with runs.RunFolder(args.out, args.resume, args.overwrite) as folder:
         run = prepare(args, given, folder)
         args = run.args
-        if ((len(run.history) >= args.epochs or since_best(run.history) >= args.early_stop)
+        if ((len(run.history) >= args.epochs or runs.since_best(run.history) >= args.early_stop)
                 and os.path.exists(os.path.join(folder.path, runs.TEST_METRICS))):
             print(f'--resume: {args.out} is finished ({len(run.history)} epochs); nothing to do',
                   file=sys.stderr)
             return
-        if args.mix != 'none' and args.epochs <= args.warmup_epochs:
-            print(f'warning: --epochs {args.epochs} <= --warmup-epochs {args.warmup_epochs}: '
-                  'Mixup never starts', file=sys.stderr)
         try:
             fit(run)
-            test(run)
+            test(run, started)
         except KeyboardInterrupt:
             sys.exit('interrupted: continue with --resume' if folder.saved else
                      'interrupted before the first epoch was saved; nothing of it is kept')
 
 
 def main(argv=None):
-    args, given = parse(argv)
-    runs.exit_on_error(train, args, given)
+    runs.exit_on_error(train, *parse(argv))
 
 
 if __name__ == '__main__':

@@ -61,15 +61,15 @@ def write_hiagm(folder, train_lines=None, val_lines=None, test_lines=None):
 
 
 def fake_run(folder, micro, macro, depths=(60, 40), quartiles=(30, 40, 50, 60), history=(),
-             best=0, **args):
+             best=0, provenance=None, **args):
     """A finished train.py run written by hand into `folder`: its test micro- and macro-F1 (%),
     macro-F1 (%) per depth (depth d: 10 d labels) and per label-frequency quartile (quartile q: 10
     labels of 10 q to 10 q + 9 training documents); its epochs in metrics.jsonl, each (dev
     macro-F1 %, dev micro-F1 %, the lambda quantiles or None without Mixup); its best epoch and
-    arguments (ARGS but those given)."""
+    arguments (ARGS but those given); its provenance, if given (the 220 records have none)."""
     os.makedirs(folder)
     lines = [{'epoch': e, 'mix': lam is not None, 'train_loss': 1.0, 'dev_micro_f1': mi / 100,
-              'dev_macro_f1': ma / 100, 'seconds': 1.0, 'samples_per_s': 10.0,
+              'dev_macro_f1': ma / 100, 'seconds': 1.0, 'dev_seconds': 1.0,
               **({'lambda': {'mean': float(np.mean(lam)), 'quantiles': dict(zip(PERCENTS, lam))}}
                  if lam is not None else {})} for e, (ma, mi, lam) in enumerate(history)]
     test = {'micro_f1': micro / 100, 'macro_f1': macro / 100,
@@ -79,7 +79,7 @@ def fake_run(folder, micro, macro, depths=(60, 40), quartiles=(30, 40, 50, 60), 
                               'train_docs_max': 10 * q + 9, 'micro_f1': 0.5, 'macro_f1': f / 100}
                              for q, f in enumerate(quartiles, 1)],
             'best_epoch': best, 'checkpoint': os.path.join(folder, 'best'),
-            'args': {**ARGS, **args}}
+            'args': {**ARGS, **args}, **({'provenance': provenance} if provenance else {})}
     with open(os.path.join(folder, runs.METRICS), 'w') as f:
         f.writelines(json.dumps(h) + '\n' for h in lines)
     with open(os.path.join(folder, runs.TEST_METRICS), 'w') as f:

@@ -377,7 +377,7 @@ def test_rcv1_labels_named_by_their_descriptions(tmp_path, capsys):
     assert data.load_data('rcv1', str(folder))[0].names == ['CCAT', 'GCAT', 'C15', 'C17', 'C151']
     assert capsys.readouterr().err == (
         f'warning: {folder} has no rcv1.topics.hier.orig: the verbalizer reads the topic codes, '
-        "not their descriptions as the authors' code does (README: Reproducing)\n")
+        "not their descriptions (README: Reproducing)\n")
     write_lines(folder / 'rcv1.topics.hier.orig', RCV1_TOPICS)
     h, _ = data.load_data('rcv1', str(folder))
     assert h.names == ['corporate/industrial', 'government/social', 'performance', 'C17',
@@ -386,11 +386,21 @@ def test_rcv1_labels_named_by_their_descriptions(tmp_path, capsys):
     assert data.load_data('rcv1', str(folder))[0].names[2] == 'results'
 
 
+@pytest.mark.parametrize('lines, message', [
+    (['Root\tA\tB', 'Root\tB'], ":2: label 'B' listed twice under 'Root' (first on {f}:1)"),
+    (['Root\tA\tB', 'A\tx\ty\tx'], ":2: label 'x' listed twice under 'A' (first on {f}:2)"),
+    (['Root\tA\tB', 'A\tx', 'B\tx'], ":3: label 'x' has two parents ('A' on {f}:2 and 'B')")])
+def test_a_label_twice_in_the_taxonomy_named_with_its_lines(tmp_path, lines, message):
+    path = write_lines(tmp_path / 'toy.taxonomy', lines)
+    assert error(lambda: data.read_taxonomy(path)) == path + message.format(f=path)
+
+
 GOOD = json.dumps({'token': 'x', 'label': ['GCAT']})
 
 
 @pytest.mark.parametrize('name, lines, message', [
-    ('toy_val.json', [GOOD, '{"token": "x", "label": ['], ':2: malformed JSON'),
+    ('toy_val.json', [GOOD, '{"token": "x'],  # the string opens at column 11, character 10
+     ':2: malformed JSON: Unterminated string starting at: line 1 column 11 (char 10)'),
     ('toy_val.json', ['[1, 2]'], ':1: expected an object with `token`'),
     ('toy_train.json', [GOOD, GOOD, '{"token": "x", "label": ["NOPE"]}'],
      ':3: label "NOPE" is not a label of {f}/toy.taxonomy'),
@@ -432,6 +442,20 @@ def test_load_hiagm_errors_name_file_and_line(tmp_path, name, lines, message):
 
 
 # The pretrained model a run starts from
+
+def test_tiny_bert_vocabulary_is_the_words_its_tokenizer_sees():
+    """The words of texts and label names as BERT's uncased normalizer leaves them: lower-cased,
+    accents stripped, a CJK character a word; most frequent first, ties in order of appearance."""
+    texts = ['La lumière, la RÉFRACTION!', 'réfraction 日本']
+    mlm, tok = data.tiny_bert(texts + ['Économie', 'Mathématiques'])  # two label names
+    words = ['la', 'refraction', 'lumiere', ',', '!', '日', '本', 'economie', 'mathematiques']
+    assert tok.convert_ids_to_tokens(list(range(len(tok)))) == [
+        '[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] + words
+    assert mlm.config.vocab_size == 5 + 9
+    assert tok.convert_ids_to_tokens(tok('Lumière ÉCONOMIE réfraction mathématiques 日本')[
+        'input_ids']) == ['[CLS]', 'lumiere', 'economie', 'refraction', 'mathematiques', '日', '本',
+                          '[SEP]']
+
 
 def test_a_pretrained_model_must_bring_its_config_tokenizer_and_encoder(tmp_path, capsys):
     mlm, tok = data.tiny_bert(TEXTS)

@@ -140,7 +140,9 @@ def test_texts_json_lines_their_keys_orders_and_truncation_past_the_budget(fixed
     one). A blank line, empty or spaces, is not scored."""
     lines = [' '.join(['physics'] * 31), ' '.join(['physics'] * 32), '', '   ']
     (tmp_path / 'in.txt').write_text('\n'.join(lines) + '\n')
-    evaluate.main(['--ckpt', str(fixed), '--texts', str(tmp_path / 'in.txt'), '--device', 'cpu'])
+    p = tmp_path / 'p.jsonl'
+    evaluate.main(['--ckpt', str(fixed), '--texts', str(tmp_path / 'in.txt'), '--device', 'cpu',
+                   '--save-predictions', str(p)])
     out, err = capsys.readouterr()
     labels = data.load_demo(sizes=(0, 0, 0))[0].labels
     rs = [json.loads(line) for line in out.splitlines()]
@@ -152,6 +154,9 @@ def test_texts_json_lines_their_keys_orders_and_truncation_past_the_budget(fixed
         assert [v for v in labels if r['scores'][v] > 0] == PREDICTED
     assert rs[2:] == [{'labels': [], 'paths': [], 'scores': {}, 'truncated': False}] * 2
     assert err == '1 of 4 texts truncated to max_length 40\n'
+    # --save-predictions: a line a text, as --data writes it: the labels in the tree's order
+    assert p.read_text() == '{"labels": ["science", "physics", "optics", "arts"]}\n' * 2 + \
+        '{"labels": []}\n' * 2
 
 
 @pytest.fixture(scope='module')
@@ -177,6 +182,11 @@ def other_labels(tmp_path_factory):
         ('--out', '{r}/test_metrics.json', "is a train.py run's own file"),
         ('--save-predictions', '{r}/metrics.jsonl', "is a train.py run's own file"),
         ('--out', '{r}/metrics.jsonl/e.json', '{r}/metrics.jsonl is a file, not a folder')]],
+    *[(['--ckpt', '{c}', '--texts', '{t}/notes.txt', '--save-predictions', path],
+       f'--save-predictions {path}: {why}') for path, why in [
+        ('{c}/p.jsonl', 'is inside the checkpoint folder {c} being read'),
+        ('{t}/e.json', 'exists and is not an earlier --save-predictions file'),
+        ('{r}/metrics.jsonl', "is a train.py run's own file")]],
     (['--ckpt', '{c}', '--data', 'demo', '--out', '{t}'], '{t}: Is a directory'),
     (['--ckpt', '{r}', '--data', 'demo'], '{r}: a run, not a checkpoint: pass {r}/best'),
     (['--ckpt', '{c}/model.safetensors', '--data', 'demo'], '{c}/model.safetensors: a file, not a '
@@ -195,7 +205,8 @@ def test_mistakes_end_in_one_error_line(run, other_labels, tmp_path, monkeypatch
     (tmp_path / 'link.json').symlink_to(run / 'best' / runs.WEIGHTS)
     before = tree_state(tmp_path), tree_state(run)
     if argv[4:5] in (['--out'], ['--save-predictions']):
-        monkeypatch.setattr(data, 'load_data', lambda *a, **k: pytest.fail('computed first'))
+        for module, name in ((data, 'load_data'), (runs, 'load_checkpoint')):
+            monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail('computed first'))
     fill = dict(t=tmp_path, c=run / 'best', r=run, k=other_labels)
     msg = error_of(lambda: evaluate.main([a.format(**fill) for a in argv]))
     assert msg.startswith('error: ' + message.format(**fill)), msg
@@ -208,6 +219,8 @@ def test_mistakes_end_in_one_error_line(run, other_labels, tmp_path, monkeypatch
     ([], 'give --data (to score a split) or --texts (to classify), not both'),
     (['--data', 'demo', '--out', 'x', '--save-predictions', './x'],
      '--out and --save-predictions name one file: x'),
+    (['--texts', '-', '--out', 'x'],
+     '--out (F1 figures) needs --data: texts have no gold labels to score against'),
     (['--data', 'demo', '--device', 'gpu'], 'argument --device: gpu: only ' + (
         'cpu, cuda or cuda:N' if torch.cuda.is_available() else 'cpu (no CUDA GPU here)')),
 ])

@@ -19,21 +19,21 @@ from helpers import PARENTS, is_whole_run, read_metrics, tiny_model
 def _run_steps(model, docs, labels, ids, device, mix, graphs, steps=10):
     """train.py's step over two epochs' batches, LH-Mix's lambda from the model's table."""
     rng = np.random.default_rng(1)
-    opt, scaler = train.make_optimizer(model, 1e-3, graphs)
+    opt, scaler = speed.make_optimizer(model, 1e-3, graphs)
     step = functools.partial(train.train_step, model, opt, scaler)
     step = speed.CUDAGraphs(step) if graphs else step
     if graphs:
         speed.use_packed_rows(model)
     model.train()
     losses = []
-    for idx, partner in (lhmix.train_batches([len(d) for d in docs], 8, rng, mix) * 2)[:steps]:
+    for idx, partner in (speed.train_batches([len(d) for d in docs], 8, rng, mix) * 2)[:steps]:
         b = lhmix.make_batch(model, [docs[i] for i in idx], [labels[i] for i in idx], rng, 0.15,
                              layout=speed.pack_row if graphs and mix else lhmix.pad_rows)
         if graphs:
             speed.pad_for_graphs(b, 0.15)
         if mix:
             b['partner'], b['hierarchy_ids'] = torch.from_numpy(partner), torch.from_numpy(ids[idx])
-        loss, lam = step(lhmix.to_device(b, device))
+        loss, lam = step(speed.to_device(b, device))
         losses.append(loss.item())
     return losses, step
 
@@ -52,8 +52,8 @@ def test_a_run_on_the_gpu_and_its_resumption(tmp_path):
 @pytest.mark.parametrize('mix', [False, True])
 def test_cuda_graph_steps_match_eager_on_gpu_bf16(mix):
     device = torch.device('cuda')
-    if speed.cuda_graphs_unavailable(device):
-        pytest.skip(speed.cuda_graphs_unavailable(device))
+    if not speed.use_cuda_graphs(device):
+        pytest.skip('CUDA graphs do not run on this GPU')
     torch.manual_seed(0)
     model, _ = tiny_model(lhmix.Hierarchy(PARENTS))
     for m in model.modules():  # no dropout: the two runs draw no random masks

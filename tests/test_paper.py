@@ -57,15 +57,15 @@ def table(part):
 
 
 def test_regenerating_the_page_gives_the_committed_file(tmp_path):
-    for name in ('lhmix.py', 'README.md', 'train.py'):
+    for name in ('lhmix.py', 'README.md', 'train.py', 'runs.py'):
         shutil.copy(os.path.join(ROOT, name), tmp_path)
     p = run_script(tmp_path)
     assert (p.returncode, p.stdout, p.stderr) == (0, '', '')
     assert read(tmp_path, 'PAPER.md') == read(ROOT, 'PAPER.md'), \
-        ('PAPER.md is not what tools/paper.py writes from lhmix.py, train.py and README.md: '
-         + REGENERATE)
-    assert sorted(os.listdir(tmp_path)) == ['PAPER.md', 'README.md', 'lhmix.py', 'tools',
-                                            'train.py']
+        ('PAPER.md is not what tools/paper.py writes from lhmix.py, train.py, runs.py and '
+         'README.md: ' + REGENERATE)
+    assert sorted(os.listdir(tmp_path)) == ['PAPER.md', 'README.md', 'lhmix.py', 'runs.py',
+                                            'tools', 'train.py']
 
 
 def test_each_code_line_on_the_page_is_the_line_it_links_to():
@@ -149,12 +149,12 @@ TERMS = {
         ('the cosine', 'lhmix.py hierarchy_similarity',
          'F.cosine_similarity(h_i.float(), h_j.float()'),
         ('s kept in [0, 1]', 'lhmix.py hierarchy_similarity', 's.clamp(0.0, 1.0)'),
-        ("the partner j's state", 'lhmix.py pair_ratios',
+        ("text i's row", 'lhmix.py training_loss', 'hier = model.local_hierarchies['),
+        ("the partner j's state", 'lhmix.py training_loss',
          'hierarchy_similarity(hier, hier[partner])')],
     'Eq. 4': [
         ('lambda', 'lhmix.py mixup_ratio', '-(beta - 0.5) * s ** alpha + beta'),
-        ("each pair's lambda", 'lhmix.py pair_ratios', 'mixup_ratio(hierarchy_similarity('),
-        ('the ratios of a step', 'lhmix.py training_loss', 'lam = pair_ratios(')],
+        ("each pair's lambda", 'lhmix.py training_loss', 'lam = mixup_ratio(s, ')],
     'Eq. 5': [
         ('the slot states h^d', 'lhmix.py Classifier.slots',
          'hidden.flatten(0, 1)[starts[:, None] + self.slot_offsets]'),
@@ -176,13 +176,11 @@ TERMS = {
         ("the upstream weight, Eq. 7's lambda", 'lhmix.py FusedZMLCE.backward',
          'grad * g.unsqueeze(-1)')],
     'Warm-up': [
-        ('the flag', 'train.py parse', "add_flag(p, '--warmup-epochs'"),
         ('the epochs that mix', 'train.py train_epoch',
          "mixing = args.mix != 'none' and epoch >= args.warmup_epochs")],
     'Early stopping': [
-        ('the flag', 'train.py parse', "add_flag(p, '--early-stop'"),
-        ('the epochs since the best', 'train.py', 'def since_best('),
-        ('the stop', 'train.py fit', 'if since_best(run.history) >= args.early_stop')],
+        ('the epochs since the best', 'runs.py', 'def since_best('),
+        ('the stop', 'train.py fit', 'if runs.since_best(run.history) >= args.early_stop')],
 }
 # The README's differences that a sequence's or a step's part must link (ITEMS name them).
 LINKED = {'The hierarchical prompt': 'kept-from-the-code', 'The local-hierarchy sequence':
@@ -500,11 +498,12 @@ def test_what_the_script_refuses(tmp_path):
     # A refusal as a user meets it: one line, nothing written.
     (tmp_path / 'lhmix.py').write_text(SOURCE)
     (tmp_path / 'README.md').write_text('# A project\n')
-    shutil.copy(os.path.join(ROOT, 'train.py'), tmp_path)
+    for name in ('train.py', 'runs.py'):
+        shutil.copy(os.path.join(ROOT, name), tmp_path)
     (tmp_path / 'PAPER.md').write_text('before\n')
     p = run_script(tmp_path)
     message = '''README.md: no section "## Where this differs from the authors' code, and why"'''
     assert (p.returncode, p.stdout, p.stderr) == (1, '', f'error: {message}\n')
     assert (tmp_path / 'PAPER.md').read_text() == 'before\n'
-    assert sorted(os.listdir(tmp_path)) == ['PAPER.md', 'README.md', 'lhmix.py', 'tools',
-                                            'train.py']
+    assert sorted(os.listdir(tmp_path)) == ['PAPER.md', 'README.md', 'lhmix.py', 'runs.py',
+                                            'tools', 'train.py']

@@ -18,7 +18,7 @@ import pytest
 
 import runs
 from helpers import error_of, fake_run, tree_state
-from tools import plot
+from tools import claims, plot
 
 SVG, XLINK = '{http://www.w3.org/2000/svg}', '{http://www.w3.org/1999/xlink}href'
 # lambda quantiles (0, 5, 25, 50, 75, 95, 100%) of an epoch; the largest of A and B, a rounding
@@ -115,7 +115,7 @@ def drawn(path):
     defined = {p.get('id'): vertices(p) for p in root.iter(SVG + 'path') if p.get('id')}
     out = {}
     for g in root.iter(SVG + 'g'):
-        if re.match(r'(macro|micro|lambda|eq4|fig[457]|table3)-', g.get('id', '')):
+        if re.match(r'(macro|micro|lambda|eq4|fig[457]|table3|claims)-', g.get('id', '')):
             uses = [(float(u.get('x')), float(u.get('y')), u.get(XLINK)[1:])
                     for u in g.iter(SVG + 'use')]
             out[g.get('id')] = ([(x, y) for x, y, _ in uses], [
@@ -571,10 +571,10 @@ def test_bad_input_named_in_one_line_before_anything_is_written(records, tmp_pat
                                  'run (FileNotFoundError(')
     (tmp_path / 'file').write_text('')
     assert error_of(lambda: plot.main([run, '--out', str(tmp_path / 'file' / 'out')])) == (
-        f'error: --out {tmp_path}/file/out: {tmp_path}/file is a file, not a folder')
+        f'error: {tmp_path}/file/out: Not a directory')
     assert error_of(lambda: plot.main([run, '--figures', 'curves', 'fig9', '--out', str(out)])) == (
         'error: --figures fig9: not one of curves, lambda, table3_f1, fig4_train_fraction, '
-        'fig5_alpha_beta, fig7_depth_frequency')
+        'fig5_alpha_beta, fig7_depth_frequency, claims')
     assert not out.exists()
     out.mkdir()
     (out / 'lambda.svg').write_text('my notes')
@@ -592,3 +592,70 @@ def test_without_matplotlib_or_scipy_one_line_says_how_to_install(tmp_path, monk
     assert error_of(lambda: plot.main([str(tmp_path), '--out', str(tmp_path / 'out')])) == (
         'error: tools/plot.py needs matplotlib and scipy: pip install matplotlib scipy')
     assert os.listdir(tmp_path) == []
+
+
+def marker_colour(path, gid):
+    """The fill of an artist's marker (drawn by a <use>; its shape is defined once a figure)."""
+    g = next(g for g in ET.parse(path).getroot().iter(SVG + 'g') if g.get('id') == gid)
+    return re.search(r'fill: (#\w+)', next(g.iter(SVG + 'use')).get('style')).group(1)
+
+
+# The claims figure: Prompt, BERT and their + Mixup rows, three seeds each (micro, macro), which
+# make three lines of tools/claims.py's first table
+CLAIMED = {'none': [(75, 48), (75.2, 48.5), (75.4, 47.5)],
+           'bert': [(74, 49), (74.3, 47), (74.1, 46)],
+           'mixup': [(73, 48.1), (73.1, 47.9), (72.9, 48.3)],
+           'bert-mixup': [(74.2, 46.9), (73.9, 47.9), (74.0, 48.4)]}
+
+
+@PLOTTING
+def test_the_claims_figure_draws_each_line_its_interval_verdict_and_side(tmp_path, monkeypatch):
+    from matplotlib.colors import to_hex
+    from scipy import stats
+    if 'alpha' not in claims.DEFAULTS:  # until train.py holds DEFAULTS: its values
+        monkeypatch.setattr(claims, 'DEFAULTS', {'alpha': 1.0, 'beta': 0.75})
+    args = {'none': {'mix': 'none'}, 'bert': {'arch': 'bert', 'mix': 'none'},
+            'mixup': {'mix': 'mixup'}, 'bert-mixup': {'arch': 'bert', 'mix': 'mixup'}}
+    folders = [fake_run(tmp_path / f'{name}-s{s}', micro, macro, history=[(40, 50, None)],
+                        seed=s, **args[name])
+               for name, runs_ in CLAIMED.items() for s, (micro, macro) in enumerate(runs_)]
+    # Fig. 5's alpha grid: a slope measured, but no claim for this data: no line of the figure
+    folders += [fake_run(tmp_path / f'alpha{a}', 70, 48 + a, history=[(40, 50, None)],
+                         mix='lhmix', alpha=a, beta=1.0) for a in (0.1, 1.0, 10.0)]
+    plot.main([*folders, '--figures', 'claims', '--out', str(tmp_path / 'out')])
+    path = tmp_path / 'out' / 'claims.svg'
+    art = drawn(path)
+    # the lines top down, Welch's by scipy; Holm's over the three in each column, by hand
+    pairs = [('none', 'bert'), ('mixup', 'none'), ('bert-mixup', 'bert')]
+    tests = [stats.ttest_ind(*(np.array(CLAIMED[k]) for k in pair), equal_var=False)
+             for pair in pairs]
+    for c in range(2):
+        ps = [t.pvalue[c] for t in tests]
+        order = sorted(range(3), key=lambda i: ps[i])
+        holm, most = [0.0] * 3, 0
+        for rank, i in enumerate(order):
+            most = holm[i] = max(most, min(1, (3 - rank) * ps[i]))
+        values, xs = [], []
+        for y, (t, pair) in enumerate(zip(tests, pairs)):
+            a, b = (np.array(CLAIMED[k])[:, c] for k in pair)
+            ci = t.confidence_interval(0.95)
+            (x, _), = art[f'claims-{c}-{y}'][0]
+            (lo, _), (hi, _) = art[f'claims-{c}-interval-{y}'][1]
+            values += [a.mean() - b.mean(), ci.low[c], ci.high[c]]
+            xs += [x, lo, hi]
+            verdict = (('supported' if a.mean() > b.mean() else 'contradicted') if holm[y] < 0.05
+                       else 'inconclusive (Holm)' if ps[y] < 0.05 else 'inconclusive')
+            assert marker_colour(path, f'claims-{c}-{y}') == to_hex(plot.VERDICTS[verdict][1])
+            side = [x for x, _ in art[f'claims-{c}-side-{y}'][1]]
+            zero = art[f'claims-{c}-zero'][1][0][0]
+            assert min(side) == pytest.approx(zero, abs=1e-3) and max(side) > zero  # +: right
+        assert same_scale(values + [0], xs + [zero])
+    # the records were made to give each verdict: micro-F1 Prompt − BERT supported, Prompt +
+    # Mixup − Prompt contradicted; the rest inconclusive; every verdict its marker and colour
+    assert [marker_colour(path, f'claims-0-{y}') for y in range(3)][:2] == [
+        to_hex(plot.VERDICTS[v][1]) for v in ('supported', 'contradicted')]
+    assert len({m for m, _ in plot.VERDICTS.values()}) == len(
+        {to_hex(c) for _, c in plot.VERDICTS.values()}) == 4
+    assert ticks(path)['axes_1']['y'] == [
+        'Table 3: Prompt above BERT', 'Prompt − BERT', 'Table 3: + Mixup above its base',
+        'Prompt + Mixup − Prompt', 'Table 3: + Mixup above its base', 'BERT + Mixup − BERT']

@@ -2,6 +2,7 @@
 (naming the file), a kill during a save; of the run folder, what an --overwrite's replacement of an
 earlier run keeps and what a failed run leaves (its refusals are tested through train.py in
 test_train.py). Expected values are the saved model's own outputs or worked by hand."""
+import hashlib
 import json
 import os
 import pickle
@@ -198,15 +199,22 @@ def test_a_run_that_fails_before_its_first_save_leaves_nothing_of_its_own(tmp_pa
         assert os.listdir(tmp_path) == ['mine'] and os.listdir(tmp_path / 'mine') == []
 
 
-def test_the_digest_that_resume_checks_covers_the_labels_the_tree_and_every_split():
-    """--resume refuses data whose labels, tree or documents are not the run's: the digest it
-    compares changes with each of them, and is the same for the same data built again."""
+def test_the_digests_that_resume_checks_and_a_record_keeps_cover_labels_names_and_splits():
+    """--resume refuses data whose labels, tree, label names or documents are not the run's: a
+    SHA-256 of each, by hand (the JSON of the labels and their parents' ids, of the names, of each
+    split's (text, label ids) pairs); each change moves its own digest alone."""
     splits = {'train': [('a b', [0])], 'dev': [('c', [1])], 'test': [('d', [0, 2])]}
     tree = {'x': None, 'y': None, 'z': 'x'}
     base = runs.digest(lhmix.Hierarchy(tree), splits)
+    sha = {'labels': '[["x", "y", "z"], [-1, -1, 0]]', 'names': '["x", "y", "z"]',
+           'train': '[["a b", [0]]]', 'dev': '[["c", [1]]]', 'test': '[["d", [0, 2]]]'}
+    assert base == {k: hashlib.sha256(v.encode()).hexdigest() for k, v in sha.items()}
     assert runs.digest(lhmix.Hierarchy(dict(tree)), json.loads(json.dumps(splits))) == base
-    changed = [runs.digest(lhmix.Hierarchy({**tree, 'z': 'y'}), splits),  # the same labels
-               runs.digest(lhmix.Hierarchy({'x': None, 'y': None, 'w': 'x'}), splits),
-               runs.digest(lhmix.Hierarchy(tree), {**splits, 'dev': [('c', [0])]}),
-               runs.digest(lhmix.Hierarchy(tree), {**splits, 'test': [('d e', [0, 2])]})]
-    assert len({base, *changed}) == 5
+    for moved, digest in (
+            ('labels', runs.digest(lhmix.Hierarchy({**tree, 'z': 'y'}), splits)),  # same labels
+            ('labels', runs.digest(lhmix.Hierarchy({'x': None, 'y': None, 'w': 'x'},
+                                                   {'w': 'z'}), splits)),  # the same names
+            ('names', runs.digest(lhmix.Hierarchy(tree, {'z': 'zed'}), splits)),
+            ('dev', runs.digest(lhmix.Hierarchy(tree), {**splits, 'dev': [('c', [0])]})),
+            ('test', runs.digest(lhmix.Hierarchy(tree), {**splits, 'test': [('d e', [0, 2])]}))):
+        assert {k for k in base if base[k] != digest[k]} == {moved}

@@ -85,7 +85,7 @@ def test_one_packed_row_gives_the_loss_and_gradients_of_one_document_a_row(arch,
                              0.15 if model.mlm_term else 0, layout=layout)
         model.zero_grad(set_to_none=True)
         with lhmix.autocast(dev):
-            loss, _ = model(**lhmix.to_device({**b, **mixing}, dev))
+            loss, _ = model(**speed.to_device({**b, **mixing}, dev))
         loss.backward()
         out.append((loss.item(), [p.grad for p in model.parameters()], b['input_ids'].shape))
     (whole, grads, shape), (packed, packed_grads, packed_shape) = out
@@ -94,8 +94,20 @@ def test_one_packed_row_gives_the_loss_and_gradients_of_one_document_a_row(arch,
         assert (g is None) == (h is None) and (g is None or (h - g).norm() <= tol * g.norm() + atol)
 
 
-def test_cuda_graphs_say_why_they_cannot_run_on_a_cpu():
-    assert speed.cuda_graphs_unavailable(torch.device('cpu')) == 'not a CUDA device'
+@pytest.mark.parametrize('device, bf16, five, eager, used, said', [
+    ('cpu', True, True, False, False, ''), ('cuda', True, True, False, True, ''),
+    ('cuda', True, True, True, False, ''),
+    ('cuda', False, True, False, False, 'CUDA graphs off: no bf16 on this GPU\n'),
+    ('cuda', True, False, False, False,
+     'CUDA graphs off: transformers 4 syncs inside the encoder\n'),
+    ('cuda', False, False, True, False, '')])
+def test_cuda_graphs_run_on_a_gpu_with_bf16_and_transformers_5_unless_eager(
+        monkeypatch, capsys, device, bf16, five, eager, used, said):
+    """Where they cannot run on a GPU, the reason is said once; on a CPU, or eager, nothing."""
+    monkeypatch.setattr(torch.cuda, 'is_bf16_supported', lambda *a, **k: bf16)
+    monkeypatch.setattr(speed, 'TRANSFORMERS_5', five)
+    assert speed.use_cuda_graphs(torch.device(device), eager) == used
+    assert capsys.readouterr().err == said
 
 
 IMPORT = """
@@ -125,3 +137,52 @@ def test_import_registers_nothing_and_packed_rows_register_their_attention_once(
     p = subprocess.run([sys.executable, '-c', IMPORT], cwd=root, capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
+
+
+# train_batches: Mixup partners a uniformly random permutation of a uniformly random batch (as
+# the authors' randperm(B) and Zhang et al.'s Mixup); without Mixup, length-bucketed batches
+
+def _wos_lengths(n=640, seed=1234):  # like WOS's word-pieces: normal(284, 100), cut to 8..509
+    return np.clip(np.random.default_rng(seed).normal(284, 100, n).round().astype(int), 8, 509)
+
+
+def test_mixup_partners_random_permutation_of_a_random_batch():
+    lengths, B, epochs = _wos_lengths(), 16, 200
+    rng = np.random.default_rng(0)
+    rows, fixed, two_cycle, mine, theirs = 0, 0, 0, [], []
+    for _ in range(epochs):
+        for idx, partner in speed.train_batches(lengths, B, rng, mixing=True):
+            if len(idx) < B:
+                continue
+            i = np.arange(B)
+            rows, fixed = rows + B, fixed + (partner == i).sum()
+            two_cycle += (partner[partner] == i).sum()  # i in a cycle of length 1 or 2
+            moved = partner != i  # a row mixed with another document
+            mine += lengths[idx[moved]].tolist()
+            theirs += lengths[idx[partner[moved]]].tolist()
+    # a uniform permutation of 16 has in expectation 1 fixed point and 1/2 two-cycle: 1/16 of the
+    # rows are their own partner (clean), 2/16 are partners' partners; tolerances: 5 binomial sd
+    for count, p in ((fixed, 1 / B), (two_cycle, 2 / B)):
+        assert abs(count / rows - p) < 5 * math.sqrt(p * (1 - p) / rows)
+    # a partner's length is any document's: no correlation (sd of r ~ 1 / sqrt(n))
+    assert abs(np.corrcoef(mine, theirs)[0, 1]) < 5 / math.sqrt(len(mine))
+
+
+@pytest.mark.parametrize('n, batch', [(640, 16), (17, 16), (33, 16), (7, 4), (1, 16), (3, 2),
+                                      (5000, 16)])
+def test_train_batches_each_document_once_per_epoch(n, batch):
+    lengths = _wos_lengths(n, seed=n)
+    rng = np.random.default_rng(n)
+    for mixing in (True, False):
+        for _ in range(3):
+            batches = speed.train_batches(lengths, batch, rng, mixing)
+            ids = np.concatenate([idx for idx, _ in batches])
+            assert ids.dtype == np.int64 and sorted(ids.tolist()) == list(range(n))
+            assert all(0 < len(idx) <= batch for idx, _ in batches)
+            for idx, partner in batches:  # a permutation of the batch's positions ([0] for 1)
+                assert partner is None if not mixing else (
+                    partner.dtype == np.int64 and sorted(partner) == list(range(len(idx))))
+    if n >= 640:  # without Mixup, length-bucketed: far less padding than random batches
+        bucketed, shuffled = (sum(lengths[i].max() * len(i) - lengths[i].sum() for i, _ in
+                                  speed.train_batches(lengths, batch, rng, mix)) for mix in (0, 1))
+        assert bucketed < 0.2 * shuffled

@@ -27,12 +27,13 @@ import data
 import evaluate
 import lhmix
 import runs
+import speed
 import train
 from helpers import (FAST, PARENTS, error_of, is_whole_run, read_metrics, tiny_model, tree_state,
                      write_hiagm, write_lines)
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository
-TIMING = ('seconds', 'samples_per_s')
+TIMING = ('seconds', 'dev_seconds')
 
 
 def results(out):
@@ -119,9 +120,10 @@ def test_a_label_named_by_no_word_piece_is_named_in_one_warning_and_the_run_trai
         train.main(['--data', str(folder), '--model', 'tiny', '--device', 'cpu', '--epochs', '1',
                     '--warmup-epochs', '0', '--out', str(tmp_path / 'run')])
     assert [str(w.message) for w in caught if w.filename == lhmix.__file__] == [
-        "labels ['x/___']: their names hold no word (rename them: train.py reads label_names.tsv "
-        'in the data folder, the API Hierarchy(parents, names)): so they start alike, and are '
-        'alike in local hierarchies']
+        'labels whose names give no word-piece but [UNK], so that they start alike and are alike '
+        "in local hierarchies: {'x/___': 'its name holds no word'}; rename them (train.py: "
+        'label_names.tsv in the data folder; the API: Hierarchy(parents, names)) or take a model '
+        'whose vocabulary has their words (train.py --model)']
     assert len(read_metrics(tmp_path / 'run')) == 1 and is_whole_run(tmp_path / 'run')
 
 
@@ -238,17 +240,21 @@ def test_early_stopping_on_dev_macro_f1_and_best_the_first_of_equals(tmp_path, m
 # Bad flags, data and models: one error line before anything is written
 
 @pytest.mark.parametrize('flags, message', [
-    (['--alpha', '0'], 'argument --alpha: must be in (0, inf), got 0'),
+    (['--alpha', '0'], 'argument --alpha: must be > 0, got 0.0'),
     (['--beta', '0.49'], 'argument --beta: must be in [0.5, 1], got 0.49'),
     (['--beta', '1.2'], 'argument --beta: must be in [0.5, 1], got 1.2'),
-    (['--lr', 'nan'], 'argument --lr: must be in (0, inf), got nan'),
-    (['--lr', 'inf'], 'argument --lr: must be in (0, inf), got inf'),
-    (['--train-fraction', '0'], 'argument --train-fraction: must be in (0, 1], got 0'),
+    (['--lr', 'nan'], 'argument --lr: must be > 0, got nan'),
+    (['--lr', 'inf'], 'argument --lr: must be > 0, got inf'),
+    (['--mix-alpha', '-1'], 'argument --mix-alpha: must be > 0, got -1.0'),
+    (['--train-fraction', '0'], 'argument --train-fraction: must be in (0, 1], got 0.0'),
+    (['--train-fraction', '1.5'], 'argument --train-fraction: must be in (0, 1], got 1.5'),
     (['--epochs', '1.5'], "argument --epochs: invalid int value: '1.5'"),
-    (['--warmup-epochs', '-1'], 'argument --warmup-epochs: must be in [0, inf), got -1'),
-    (['--epochs', '0'], 'argument --epochs: must be in [1, inf), got 0'),
-    (['--seed', '-1'], 'argument --seed: must be in [0, 4294967295], got -1'),
-    (['--seed', str(2**64)], 'argument --seed: must be in [0, 4294967295], got 1844674407370'),
+    (['--warmup-epochs', '-1'], 'argument --warmup-epochs: must be >= 0, got -1'),
+    (['--epochs', '0'], 'argument --epochs: must be >= 1, got 0'),
+    (['--early-stop', '0'], 'argument --early-stop: must be >= 1, got 0'),
+    (['--batch', '0'], 'argument --batch: must be >= 1, got 0'),
+    (['--seed', '-1'], 'argument --seed: must be in [0, 2^32), got -1'),
+    (['--seed', str(2**32)], 'argument --seed: must be in [0, 2^32), got 4294967296'),
     (['--resume', '--overwrite'], '--resume and --overwrite exclude each other'),
     (['--device', 'foo'], 'argument --device: foo: only cpu'),
     (['--device', 'mps'], 'argument --device: mps: only cpu'),
@@ -278,14 +284,16 @@ def test_a_gpu_past_the_last_refused_before_the_data_is_read(tmp_path, monkeypat
     assert os.listdir(tmp_path) == []
 
 
-def test_help_shows_each_default_its_source_and_range(capsys):
+def test_help_shows_each_default_and_range_and_the_tiny_models_own(capsys):
     with pytest.raises(SystemExit):
         train.parse(['-h'])
     help = ' '.join(capsys.readouterr().out.split())
-    for flag in ("--beta BETA Eq. 4; 0.5 mixes every pair at 0.5 (default: 0.75, as --alpha), in "
-                 '[0.5, 1]', "--lr LR Adam's learning rate (default: the paper's 3e-05), in (0, "
-                 'inf)', '--train-fraction TRAIN_FRACTION a random part of the training split '
-                 '(Fig. 4; default: 1.0), in (0, 1]', "not HGCLR's (default: prompt)"):
+    for flag in ('--beta BETA Eq. 4; 0.5 mixes every pair at 0.5 (in [0.5, 1]; default: 0.75)',
+                 "--lr LR Adam's learning rate (> 0; default: 3e-05; --model tiny: 0.001)",
+                 '--train-fraction TRAIN_FRACTION a random part of the training split (Fig. 4) '
+                 '(in (0, 1]; default: 1.0)', "linear head on [CLS], BCE) (default: prompt)",
+                 '--max-length MAX_LENGTH tokens an input (default: 512; --model tiny: 128)',
+                 '--seed SEED the random seed (in [0, 2^32); default: 0)'):
         assert flag in help, help
 
 
@@ -293,10 +301,26 @@ def test_defaults_are_the_papers_or_else_the_authors_command():
     """Sec. 5.2's bert-base-uncased, learning rate 3e-5, 5 warm-up epochs and early stopping after
     5; where the paper is silent, the authors' README command (alpha 1, beta 0.75, batch 16) and
     HPT's 512 tokens; LH-Mix on the prompt, with HPT's MLM term, on all the training data."""
-    args, _ = train.parse(['--data', 'wos'])
+    args, given = train.parse(['--data', 'wos'])
     assert ((args.model, args.lr, args.warmup_epochs, args.early_stop, args.alpha, args.beta,
              args.batch, args.max_length, args.arch, args.mix, args.no_mlm, args.train_fraction)
             == ('bert-base-uncased', 3e-5, 5, 5, 1.0, 0.75, 16, 512, 'prompt', 'lhmix', False, 1.0))
+    assert given.keys() == {'data', 'device'} and not args.resume
+
+
+@pytest.mark.parametrize('argv, want', [
+    (['--data', 'demo'], dict(model='tiny', epochs=12, lr=1e-3, warmup_epochs=4, max_length=128)),
+    (['--data', 'wos', '--model', 'tiny'], dict(model='tiny', epochs=100, lr=1e-3,
+                                                warmup_epochs=4, max_length=128)),
+    (['--data', 'demo', '--model', 'm', '--epochs', '3'], dict(model='m', epochs=3, lr=3e-5,
+                                                              warmup_epochs=5, max_length=512)),
+    (['--data', 'x', '--model', 'tiny', '--lr', '0.5', '--warmup-epochs', '0'],
+     dict(model='tiny', epochs=100, lr=0.5, warmup_epochs=0, max_length=128))])
+def test_the_tiny_model_and_the_demo_take_their_own_defaults_and_a_given_flag_wins(argv, want):
+    """--data demo is --model tiny for 12 epochs; --model tiny learns at 1e-3 after 4 warm-up
+    epochs on 128 tokens; another --model takes the paper's defaults, even on the demo."""
+    args, _ = train.parse(argv)
+    assert {k: getattr(args, k) for k in want} == want
 
 
 @pytest.mark.parametrize('argv, message', [
@@ -713,9 +737,20 @@ def _one_less(split):
     return damage
 
 
+def _renamed(last, mp):  # the same labels and documents, one label named otherwise
+    load = data.load_data
+
+    def renamed(*a, **k):
+        h, splits = load(*a, **k)
+        h.names[0] += ' again'
+        return h, splits
+    mp.setattr(data, 'load_data', renamed)
+
+
 @pytest.mark.parametrize('damage, message', [
-    *[(_one_less(s), 'error: --resume: the labels or documents of --data demo differ from the '
-                     "run's; start a new run") for s in ('dev', 'test')],
+    *[(_one_less(s), 'error: --resume: the labels, label names or documents of --data demo '
+                     "differ from the run's; start a new run") for s in ('dev', 'test')],
+    (_renamed, "error: --resume: the labels, label names or documents of --data demo differ"),
     (lambda last, mp: (last / 'model.safetensors').write_bytes(
         (last / 'model.safetensors').read_bytes()[:1000]), 'truncated or corrupt'),
     (lambda last, mp: os.remove(last / 'tokenizer.json'),
@@ -893,7 +928,7 @@ def test_a_weight_a_step_leaves_unused_moves_as_with_gradient_0():
     m = b1 m, v = b2 v, then -lr m^ / (sqrt(v^) + eps), so eager and graphed steps agree."""
     torch.manual_seed(0)
     model, _ = tiny_model(lhmix.Hierarchy(PARENTS))
-    opt, scaler = train.make_optimizer(model, 1e-3, capturable=False)
+    opt, scaler = speed.make_optimizer(model, 1e-3, capturable=False)
     docs = [np.arange(5, 25), np.arange(7, 19)]
     bias = model.mlm.get_output_embeddings().bias
     train.train_step(model, opt, scaler, lhmix.make_batch(
@@ -916,7 +951,7 @@ def test_a_weight_first_used_by_the_second_step_moves_as_adam_after_a_zero_gradi
     had Adam skipped the first step, the update would be about lr, corrected for step 1."""
     torch.manual_seed(0)
     model, _ = tiny_model(lhmix.Hierarchy(PARENTS))
-    opt, scaler = train.make_optimizer(model, 1e-3, capturable=False)
+    opt, scaler = speed.make_optimizer(model, 1e-3, capturable=False)
     docs = [np.arange(5, 25), np.arange(7, 19)]
     bias = model.mlm.get_output_embeddings().bias
     b0 = bias.detach().double().clone()

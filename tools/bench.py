@@ -54,7 +54,7 @@ def documents(n, rng, size, model):
 def make_step(model, graphs):
     """train.py's step at its default settings, replayed from CUDA graphs with `graphs`, as
     train.fit makes it."""
-    opt, scaler = train.make_optimizer(model, train.parse(['--data', 'wos'])[0].lr, graphs)
+    opt, scaler = speed.make_optimizer(model, train.parse(['--data', 'wos'])[0].lr, graphs)
     step = functools.partial(train.train_step, model, opt, scaler)
     if not graphs:
         return step
@@ -77,7 +77,7 @@ class Floor(torch.nn.Module):
 
 def timed(step, keys, device, b):
     """step on batch b's `keys`, moved to the device per call as in train.py."""
-    return step(lhmix.to_device({k: b[k] for k in keys}, device))
+    return step(speed.to_device({k: b[k] for k in keys}, device))
 
 
 def sync(device):
@@ -133,7 +133,7 @@ def steps(args, model, table, graphs):
     # its gradients).
     rng = np.random.default_rng(0)
     docs, labels = documents(args.batch * args.steps, rng, args.size, model)
-    orders = [[idx for idx, _ in lhmix.train_batches([len(d) for d in docs], args.batch, rng,
+    orders = [[idx for idx, _ in speed.train_batches([len(d) for d in docs], args.batch, rng,
                                                      mixing)] for mixing in (False, True)]
     runs, by_way = {}, {}
     for way in ways:
@@ -209,7 +209,7 @@ def main(argv=None):
     p.add_argument('--epoch', action='store_true',
                    help="instead: two train.py epochs at WOS's size with Mixup (LH-Mix)")
     args = p.parse_args(argv)
-    cuda, why_not = args.device.type == 'cuda', speed.cuda_graphs_unavailable(args.device)
+    cuda, graphs = args.device.type == 'cuda', speed.use_cuda_graphs(args.device)
     args.size, args.steps, args.rounds = (args.size or ('base' if cuda else 'tiny'),
                                           args.steps or (30 if cuda else 3),
                                           args.rounds or (9 if cuda else 2))
@@ -217,12 +217,12 @@ def main(argv=None):
         p.error('--batch, --steps and --rounds must be >= 1')
     table = torch.randn(64, SIZES[args.size][0], device=args.device)  # LH-Mix's: 64 hierarchies
     print(f"{torch.cuda.get_device_name(args.device) if cuda else 'CPU'}, torch "
-          f"{torch.__version__}, CUDA graphs: {why_not or 'on'}")
+          f"{torch.__version__}, CUDA graphs: {'on' if graphs else 'off'}")
     model = make_model(args.size, table)
     if args.epoch:
-        epochs(args, model, not why_not)
+        epochs(args, model, graphs)
     else:
-        steps(args, model, table, not why_not)
+        steps(args, model, table, graphs)
 
 
 if __name__ == '__main__':

@@ -1,73 +1,85 @@
-"""The claims table of a reproduction study, in Markdown: each claim of the paper's experiments
-(Sec. 5) in the paper's words, what the paper reports, what the given train.py runs show, and a
-verdict; then, apart, our own tests, which the paper does not make.
+"""The claims of a reproduction study, in Markdown: first, a line per comparison, its verdict,
+a short label and its difference in each measure; the paper's claims (Sec. 5), then apart our own
+tests, which the paper does not make; then the comparisons picked after seeing the results
+(exploratory, no verdict); then each line's details: the paper's words and figures, the test,
+Holm's p, the difference it could detect.
 
     python -m tools.claims results/records/*/*
     python -m tools.claims results/records/table3/* --rerun results/records/rerun/*
 
-Runs are told apart by their arguments (test_metrics.json's), never by their folders' names.
+Runs. Told apart by their arguments (test_metrics.json's), never by their folders' names.
 Prompt and BERT are --arch prompt and bert with --mix none; + Mixup is --mix mixup; + LH-Mix is
---mix lhmix at this script's --alpha and --beta (train.py's defaults); the control, Prompt + LH-Mix
-with lambda = 0.5, is --arch prompt --mix lhmix --beta 0.5 (Eq. 4 gives 0.5 for every pair at any
---alpha). All at --train-fraction 1 but in Fig. 4. Fig. 5's grids are the Prompt + LH-Mix runs at
---beta 1 (over --alpha) and at --alpha 1 (over --beta, the control aside). Fig. 6 reads each run's
-relatives.json, which tools/similar.py --all-labels --out writes. The runs must agree in every
-other argument (one data set, one protocol); their seeds are the samples.
+--mix lhmix at --alpha and --beta (default: train.py's DEFAULTS, read from its source); the
+control, Prompt + LH-Mix with lambda = 0.5, is --arch prompt --mix lhmix --beta 0.5 (Eq. 4 gives
+0.5 for every pair at any --alpha). All at --train-fraction 1 but in Fig. 4. Fig. 5's grids are
+the Prompt + LH-Mix runs at --beta 1 (over --alpha) and at --alpha 1 (over --beta, the control
+aside). Fig. 6 reads each run's relatives.json (tools/similar.py --all-labels --out). The runs
+must agree in every other argument (one data set, one protocol), and where their
+test_metrics.json records a 'provenance', in its data digests; their seeds are the samples. The
+commits and data digests that the runs record are listed, runs without as 'not recorded'.
 
-Tests. Each line of a table is one comparison in two measures, a / b: test micro- and macro-F1 in
-points (Fig. 5: macro-F1 alone, as the paper reads it; Fig. 6: the share of each label's 3 / 15
-nearest labels that are its relatives), each with its 95% interval, tested by a t-test (the line
-says which):
+Measures. Each line is one comparison in two measures, a / b: test micro- / macro-F1 in points;
+Fig. 5's slopes are of macro-F1 alone (b), as the paper reads it; Fig. 6's, the share of each
+label's 3 / 15 nearest labels that are its relatives, in points. Each with its unadjusted 95%
+interval, from a t-test that the line names:
 - Welch: a difference of two settings' means over their runs (or of the runs' slopes, Fig. 7),
-  Welch's t with Welch-Satterthwaite's degrees of freedom (tools/summary.py's welch); the interval
-  is the difference +- t(0.975, df) SE.
-- paired by seed: where the seed fixes what the arms share (Fig. 4, and the control below 100%:
-  train.py draws the --train-fraction subset from the seed), the mean of the per-seed
-  differences (Fig. 4's gap: of the per-seed contrasts of four settings), Student's t with n - 1
-  df over the n seeds; each arm needs the same seeds, once each.
-- paired by run: Fig. 6, each run's labels after training against the same run's at
-  initialisation, Student's t over the runs.
-- slope: a trend over Fig. 5's grid, the least-squares slope of the runs' test macro-F1 over log10
-  alpha or over beta, its interval from the slope's standard error and t with n - 2 df
-  (scipy.stats.linregress). A trend over the hierarchy (Fig. 7) is each run's least-squares slope
-  over the depths, or over the label-frequency quartiles from the most frequent to the rarest,
-  compared between settings by Welch's test.
-'Detectable' is the smallest true difference that the test finds with 80% power at the two-sided
-5% level, at its observed standard error: (t(0.975, df) + t(0.80, df)) SE, the usual
-approximation (with the noncentral t, the power there is 0.77 at 2 df, 0.79 at 4 df).
+  Welch's t with Welch-Satterthwaite's df (tools/summary.py's welch); interval: the difference
+  +- t(0.975, df) SE.
+- paired by seed: the mean of the per-seed differences, Student's t with n - 1 df, each arm at
+  the same seeds, once each. One rule for the share of the data: below 100% a seed draws the
+  --train-fraction subset that both arms train on (train.py), so the arms pair by seed; at 100%
+  a seed shares no subset (only an initialisation that the arms use apart), so they are unpaired,
+  Welch's.
+- a gap's change (Fig. 4's "enlarged"): the gap at 10% (paired by seed) minus the gap at 100%
+  (Welch), independent runs: SE sqrt(se1^2 + se2^2), df by Welch-Satterthwaite's rule,
+  (se1^2 + se2^2)^2 / (se1^4 / df1 + se2^4 / df2).
+- paired by run: Fig. 6, each run's labels after training against its own at initialisation.
+- slope: Fig. 5, the least-squares slope of the runs' test macro-F1 over log10 alpha or over
+  beta, its SE and t with n - 2 df (scipy.stats.linregress); Fig. 7, each run's least-squares
+  slope over the depths, or over the label-frequency quartiles toward the rarer, compared between
+  settings by Welch's test.
 
-Verdicts. Holm's step-down correction runs within each measure's tests of a table: the paper's
-claims are one family per measure, our own tests another. Per measure, a test is 'supported'
-where Holm's adjusted p < 0.05 and the difference has the paper's sign, 'contradicted' where the
-adjusted p < 0.05 and it has the other sign, else 'inconclusive'. The interval shown is the
-unadjusted 95% one, from the same t as the unadjusted p: it clears 0 exactly where that p < 0.05,
-and Holm's adjusted p is never below it. So a supported or contradicted test's interval clears 0
-on its side; a test whose interval clears 0 but whose adjusted p does not is inconclusive, written
-'inconclusive (Holm)'. A line's verdict reads from its measures: supported, contradicted or
-inconclusive where they agree, 'partly' where they differ. 'Cannot be tested here': the claim
-needs models or data sets that are not here, or the runs given lack a setting that it needs (two
-runs or more each); the line says which, and what it measured all the same (outside Holm's
-families).
+Verdicts. Holm's step-down correction runs over the tests of a table in each column, a (micro-F1;
+Fig. 6: 3 nearest) and b (macro-F1; Fig. 5; Fig. 6: 15 nearest): the paper's claims are one
+family a column, our own tests another. Per measure, a test is 'supported' where Holm's adjusted
+p < 0.05 and the difference has the paper's sign (ours: the sign the line names), 'contradicted'
+where the adjusted p < 0.05 and it has the other sign, else 'inconclusive', written
+'inconclusive (Holm)' where the unadjusted interval clears 0 but the adjusted p does not (the
+interval clears 0 exactly where the unadjusted p < 0.05, and Holm's p is never below it). A
+line's verdict is its measures' where they agree, 'partly' where they differ. 'Cannot be tested
+here': the claim needs models or data that are not here, or a setting lacks two runs; the line
+says which, and what it measured all the same (outside Holm's families). Exploratory
+comparisons, chosen after seeing Fig. 5's grid (its ends in alpha), get an interval and no
+verdict, outside the families.
 
-A rerun (--rerun: one setting's runs made again at the seeds of its runs given): per measure, each
-set's mean and sd, the mean of the same-seed differences with its interval (paired by seed), and
-the sd of one run that the pairs imply, sd(differences) / sqrt(2) (a pair's two runs differ by
-two independent draws); then every line whose verdict of a measure changes with the rerun in
-place of the first runs, each table measured and corrected again.
+Detectable: the smallest true difference that the test finds with 80% power at its observed SE,
+(t(1 - level / 2, df) + t(0.80, df)) SE, the usual approximation (with the noncentral t, the
+power at 5% is 0.77 at 2 df, 0.79 at 4 df): at the two-sided 5% level, and at Holm's strictest
+step, 5% / m, m the tests of its family; a verdict needs Holm's p, so the second is the one that
+a verdict could reach.
+
+Rerun (--rerun: one setting's runs made again at the seeds of its runs given): per measure, each
+set's mean and sd, the mean of the same-seed differences with its interval (paired by seed), the
+sd of one run that the pairs imply, sd(differences) / sqrt(2) (a pair's two runs differ by two
+independent draws); then every verdict of a measure that changes with the rerun in place of the
+first runs, each table measured and corrected again, and the lines that the rerun cannot test.
 """
 import argparse
+import copy
 import json
 import os
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 
-import runs
-import train
-from tools.similar import K, RELATIVES
-from tools.summary import markdown, row_name, settings, welch
+from tools.summary import (LEVEL, ROOT, exit_on_error, literals, markdown, row_name, settings,
+                           welch)
 
-DEFAULT = train.parse(['--data', 'wos'])[0]  # train.py's defaults, which the ablation's runs keep
+# train.py's defaults (+ LH-Mix's alpha and beta), and Fig. 6's measure's constants, read from
+# the files that hold them: not imported, which would import torch
+DEFAULTS = literals(os.path.join(ROOT, 'train.py')).get('DEFAULTS', {})
+K, RELATIVES = map(literals(os.path.join(ROOT, 'tools', 'similar.py')).get, ('K', 'RELATIVES'))
 VARIED = ('arch', 'mix', 'alpha', 'beta', 'train_fraction')  # what tells the claims' runs apart
 CONTROL = row_name({'arch': 'prompt', 'mix': 'lhmix', 'beta': 0.5})
 # The paper's Table 3 (Prompt + LH-Mix is also Table 2's LH-Mix): (micro-F1, macro-F1)
@@ -83,8 +95,9 @@ TABLE3 = {
                 'Prompt + Mixup': (87.45, 71.39), 'Prompt + LH-Mix': (87.47, 71.93)}}
 F1 = ('micro_f1', 'macro_f1')
 RELATED = tuple(f'relatives among the {k} nearest' for k in K)  # Fig. 6's measures
+COLUMN = {F1[0]: 0, F1[1]: 1, RELATED[0]: 0, RELATED[1]: 1}  # a or b: Holm's family in a table
 WORDS = {'micro_f1': 'micro-F1', 'macro_f1': 'macro-F1'}  # the measures in the text
-LEVEL, POWER = 0.05, 0.8  # two-sided; the power at which 'detectable' is read
+POWER = 0.8  # at which 'detectable' is read
 
 
 class Untestable(Exception):
@@ -99,7 +112,8 @@ class Untestable(Exception):
 class Test:
     """One comparison in each of its measures: the difference (or slope, in points), its two-sided
     p, standard error and degrees of freedom, each an array over the measures; how it was tested;
-    the sign that the claim gives it (0: none); Holm's adjusted p, set by correct()."""
+    the sign that the claim gives it (0: none); Holm's adjusted p and the size of its family, set
+    by correct()."""
     what: str
     how: str
     value: np.ndarray
@@ -109,6 +123,7 @@ class Test:
     measures: tuple = F1
     sign: int = 1
     holm: np.ndarray = None
+    m: np.ndarray = None
 
     def interval(self):
         """The unadjusted 95% interval per measure: value +- t(0.975, df) SE."""
@@ -116,10 +131,10 @@ class Test:
         half = t.ppf(1 - LEVEL / 2, self.df) * self.se
         return self.value - half, self.value + half
 
-    def detectable(self):
-        """The smallest true difference found with 80% power at the two-sided 5% level."""
+    def detectable(self, level=LEVEL):
+        """The smallest true difference found with 80% power at the two-sided `level`."""
         from scipy.stats import t
-        return (t.ppf(1 - LEVEL / 2, self.df) + t.ppf(POWER, self.df)) * self.se
+        return (t.ppf(1 - level / 2, self.df) + t.ppf(POWER, self.df)) * self.se
 
     def verdicts(self):
         """Per measure: supported / contradicted where Holm's p < 0.05 (the sign says which),
@@ -128,13 +143,15 @@ class Test:
                 'inconclusive (Holm)' if p < LEVEL else 'inconclusive'
                 for v, p, h in zip(self.value, self.p, self.holm)]
 
-    def cells(self):
-        """The comparison, how tested, difference [interval], Holm's p, detectable: a / b."""
+    def columns(self, words=()):
+        """Its cells in columns a and b: difference [interval] per measure, each followed by
+        its word of `words`; '' where the test has no such measure."""
         lo, hi = self.interval()
-        return [self.what, self.how, ' / '.join(f'{v:+.2f} [{a:+.2f}, {b:+.2f}]'
-                                                for v, a, b in zip(self.value, lo, hi)),
-                ' / '.join(f'{h:.2g}' for h in self.holm) if self.sign else '',
-                ' / '.join(f'{d:.2f}' for d in self.detectable())]
+        out = ['', '']
+        for i, m in enumerate(self.measures):
+            out[COLUMN[m]] = ' '.join([f'{self.value[i]:+.2f} [{lo[i]:+.2f}, {hi[i]:+.2f}]',
+                                       *words[i:i + 1]])
+        return out
 
 
 def welch_test(what, a, b, measures=F1):
@@ -148,6 +165,17 @@ def paired_test(what, d, how='paired by seed', measures=F1):
     d = np.asarray(d, dtype=float)
     return Test(what, how, d.mean(0), ttest_1samp(d, 0).pvalue, d.std(0, ddof=1) / np.sqrt(len(d)),
                 np.full(d.shape[1], len(d) - 1), measures)
+
+
+def change_test(what, x, y):
+    """Test: x − y of two tests of independent runs: SE sqrt(se_x^2 + se_y^2), df by
+    Welch-Satterthwaite's rule."""
+    from scipy.stats import t
+    se = np.hypot(x.se, y.se)
+    df = se ** 4 / (x.se ** 4 / x.df + y.se ** 4 / y.df)
+    value = x.value - y.value
+    return Test(what, f'{x.how} − {y.how}', value, 2 * t.sf(abs(value) / se, df), se, df,
+                x.measures)
 
 
 def slope_test(what, points, sign):
@@ -170,15 +198,16 @@ def holm(ps):
 
 
 def correct(tests):
-    """Sets each test's Holm's p: per measure, over the tests given that claim a sign."""
+    """Sets each test's Holm's p and family size: per column (COLUMN), over the tests given that
+    claim a sign."""
     family = {}
     for test in tests:
-        test.holm = np.full(len(test.p), np.nan)
+        test.holm, test.m = np.full(len(test.p), np.nan), np.full(len(test.p), np.nan)
         for i, m in enumerate(test.measures if test.sign else ()):
-            family.setdefault(m, []).append((test, i))
+            family.setdefault(COLUMN[m], []).append((test, i))
     for members in family.values():
         for (test, i), h in zip(members, holm([test.p[i] for test, i in members])):
-            test.holm[i] = h
+            test.holm[i], test.m[i] = h, len(members)
 
 
 def f1(runs_):
@@ -189,16 +218,22 @@ def f1(runs_):
 class Runs:
     """The runs given, by setting; + LH-Mix at --alpha `alpha` and --beta `beta`."""
 
-    def __init__(self, folders, alpha, beta):
-        self.groups = settings(folders)
-        other = sorted({k for s in self.groups for k in s.args if k not in VARIED
-                        and len({json.dumps(t.args.get(k)) for t in self.groups}) > 1})
+    def __init__(self, groups, alpha, beta):
+        self.groups = groups
+        other = sorted({k for s in groups for k in s.args if k not in VARIED
+                        and len({json.dumps(t.args.get(k)) for t in groups}) > 1})
         if other:
             raise ValueError(f'the runs differ in --{other[0].replace("_", "-")} (' + ', '.join(
-                sorted({json.dumps(s.args.get(other[0])) for s in self.groups})) + '): the claims '
+                sorted({json.dumps(s.args.get(other[0])) for s in groups})) + '): the claims '
                 'compare the settings of one data set and one protocol; give those runs only')
         self.alpha, self.beta = alpha, beta
-        self.data = self.groups[0].args['data']
+        self.data = groups[0].args['data']
+
+    def replaced(self, old, new):
+        """These runs with the setting `old` (a Setting of them) made again: `new`'s runs."""
+        out = copy.copy(self)
+        out.groups = [new if s is old else s for s in self.groups]
+        return out
 
     def select(self, name, fraction=1.0, **eq4):
         """Each run's test_metrics.json of the row `name` (summary.row_name) and these arguments,
@@ -220,20 +255,20 @@ class Runs:
                              f'one run of {name}{where}: a test needs two or more')
         return found
 
-    def welch(self, a, b, what=None):
-        """Test: row a − row b with all the data, Welch's."""
-        return welch_test(what or f'{a} − {b}', f1(self.of(a)), f1(self.of(b)))
-
-    def paired(self, what, arms, weights=(1, -1)):
-        """Test paired by seed: the per-seed contrast sum_i w_i (arm i's F1) of the arms, each
-        (row, fraction), all run at the same seeds."""
-        found = [sorted(self.of(*arm), key=lambda t: t['args']['seed']) for arm in arms]
+    def compare(self, a, b, fraction=1.0, what=None):
+        """Test: row a − row b at a share of the training data: paired by seed below 100%,
+        where the seed draws the subset that both train on; Welch's at 100%, where it does not."""
+        what = what or f'{a} − {b}'
+        if fraction == 1:
+            return welch_test(what, f1(self.of(a)), f1(self.of(b)))
+        found = [sorted(self.of(name, fraction), key=lambda t: t['args']['seed'])
+                 for name in (a, b)]
         seeds = [[t['args']['seed'] for t in f] for f in found]
-        if any(s != seeds[0] for s in seeds) or len(set(seeds[0])) < len(seeds[0]):
+        if seeds[0] != seeds[1] or len(set(seeds[0])) < len(seeds[0]):
             raise Untestable('a test paired by seed needs the same seeds, once each: ' + '; '.join(
-                f'{name} at {100 * f:g}% has seeds ' + ', '.join(map(str, s))
-                for (name, f), s in zip(arms, seeds)))
-        return paired_test(what, sum(w * f1(f) for w, f in zip(weights, found)))
+                f'{name} at {100 * fraction:g}% has seeds ' + ', '.join(map(str, s))
+                for name, s in zip((a, b), seeds)))
+        return paired_test(what, f1(found[0]) - f1(found[1]))
 
 
 def paper(*pairs):
@@ -245,16 +280,21 @@ def paper(*pairs):
 
 def fig4(fraction):
     def tests(r):
-        return [r.paired(f'{name} − Prompt', [(name, fraction), ('Prompt', fraction)])
-                for name in ('Prompt + Mixup', 'Prompt + LH-Mix')]
+        return [r.compare(name, 'Prompt', fraction) for name in ('Prompt + Mixup',
+                                                                  'Prompt + LH-Mix')]
     return tests
 
 
-def fig4_gap(r):
-    arms = [('Prompt + LH-Mix', 0.1), ('Prompt + Mixup', 0.1), ('Prompt + LH-Mix', 1.0),
-            ('Prompt + Mixup', 1.0)]
-    return [r.paired('+ LH-Mix − + Mixup at 10%', arms[:2]),
-            r.paired('the same at 10% − at 100%', arms, (1, -1, -1, 1))]
+GAP = 'Prompt + LH-Mix', 'Prompt + Mixup'
+
+
+def fig4_generally(r):
+    return [r.compare(*GAP, f, f'+ LH-Mix − + Mixup at {100 * f:g}%') for f in SHARES[1:]]
+
+
+def fig4_enlarged(r):
+    return [change_test('(+ LH-Mix − + Mixup) at 10% − at 100%', r.compare(*GAP, 0.1),
+                        r.compare(*GAP))]
 
 
 def grid(r, x, fixed):
@@ -365,10 +405,7 @@ def fig7_lhmix(r):
 def control(fraction):
     """Our test: Prompt + LH-Mix against its control at one share of the training data."""
     def tests(r):
-        if fraction == 1:
-            return [r.welch('Prompt + LH-Mix', CONTROL, 'Prompt + LH-Mix − the control')]
-        return [r.paired('Prompt + LH-Mix − the control', [('Prompt + LH-Mix', fraction),
-                                                            (CONTROL, fraction)])]
+        return [r.compare('Prompt + LH-Mix', CONTROL, fraction, 'Prompt + LH-Mix − the control')]
     return tests
 
 
@@ -378,51 +415,77 @@ def cannot(why):
     return tests
 
 
+def grid_ends(r):
+    """Exploratory, chosen after seeing Fig. 5's grid: the Prompt + LH-Mix runs at beta 1 and
+    the grid's largest alpha against the control, and against those at its smallest alpha."""
+    found = r.select('Prompt + LH-Mix', beta=1.0)
+    alphas = sorted({t['args']['alpha'] for t in found})
+    ends = [[t for t in found if t['args']['alpha'] == a] for a in (alphas or [0])[::-1]]
+    if len(alphas) < 2 or min(len(ends[0]), len(ends[-1])) < 2:
+        raise Untestable("Fig. 5's grid in alpha needs two runs or more at both ends")
+    hi, lo = (f'+ LH-Mix at α {a:g}, β 1' for a in (alphas[-1], alphas[0]))
+    return [welch_test(f'{hi} − the control', f1(ends[0]), f1(r.of(CONTROL))),
+            welch_test(f'{hi} − {lo}', f1(ends[0]), f1(ends[-1]))]
+
+
 MIXUP = ('Prompt + Mixup', 'Prompt'), ('BERT + Mixup', 'BERT')
 LHMIX = ('Prompt + LH-Mix', 'Prompt + Mixup'), ('BERT + LH-Mix', 'BERT + Mixup')
 SHARES = (1.0, 0.5, 0.25, 0.1)
-# Each claim of Sec. 5 in the paper's order: (the claim, the paper's figures, its tests)
+FEWER = ('"+Mixup and +LH-Mix continue to perform better than Prompt with the decreasing of '
+         'training samples"')
+# Each claim of Sec. 5 in the paper's order: (a short label, the claim in its words, the paper's
+# figures, its tests)
 PAPER = [
-    ('Table 2: "LH-Mix achieves the best performance in five out of the total six metrics"',
+    ('Table 2: LH-Mix best in 5 of 6 metrics',
+     'Table 2: "LH-Mix achieves the best performance in five out of the total six metrics"',
      'LH-Mix: ' + ', '.join(f'{d} {x["Prompt + LH-Mix"][0]} / {x["Prompt + LH-Mix"][1]}'
                             for d, x in TABLE3.items()),
      cannot('the other models and the three data sets are not here')),
-    ('Table 3: "Prompt is superior to the basic BERT model"', paper(('Prompt', 'BERT')),
-     lambda r: [r.welch('Prompt', 'BERT')]),
-    ('Table 3: "the performance of the +Mixup is better than its corresponding basic BERT or '
-     'Prompt model"', paper(*MIXUP), lambda r: [r.welch(*pair) for pair in MIXUP]),
-    ('Table 3: "+LH-Mix outperforms +Mixup, providing evidence for the capability of '
-     'incorporating hierarchical label correlation in Mixup ratio controlling"', paper(*LHMIX),
-     lambda r: [r.welch(*pair) for pair in LHMIX]),
-    ('Table 4: "the gain from the graph encoder is limited"', '',
+    ('Table 3: Prompt above BERT', 'Table 3: "Prompt is superior to the basic BERT model"',
+     paper(('Prompt', 'BERT')), lambda r: [r.compare('Prompt', 'BERT')]),
+    ('Table 3: + Mixup above its base', 'Table 3: "the performance of the +Mixup is better '
+     'than its corresponding basic BERT or Prompt model"', paper(*MIXUP),
+     lambda r: [r.compare(*pair) for pair in MIXUP]),
+    ('Table 3: + LH-Mix above + Mixup', 'Table 3: "+LH-Mix outperforms +Mixup, providing '
+     'evidence for the capability of incorporating hierarchical label correlation in Mixup '
+     'ratio controlling"', paper(*LHMIX), lambda r: [r.compare(*pair) for pair in LHMIX]),
+    ('Table 4: little gain from a graph encoder',
+     'Table 4: "the gain from the graph encoder is limited"', '',
      cannot('no graph encoder is here')),
-    ('Table 5: "both EDA and BT perform worse compared to LH-Mix"', '',
+    ('Table 5: EDA and BT below LH-Mix',
+     'Table 5: "both EDA and BT perform worse compared to LH-Mix"', '',
      cannot('neither augmentation is here')),
-    *[(f'Fig. 4, {100 * f:g}% of the training data: ' + (
-        '"+Mixup and +LH-Mix continue to perform better than Prompt with the decreasing of '
-        'training samples"' if f == 0.5 else 'the same'), '', fig4(f)) for f in SHARES[1:]],
-    ('Fig. 4: "as the dataset decreases extremely to 10%, the performance gap between +LH-Mix '
-     'and +Mixup is enlarged"', '', fig4_gap),
-    ('Fig. 5: "When β=1 is fixed, for NYT, the Macro-F1 initially increases and then decreases '
-     'with increasing α. For RCV1-V2, the Macro-F1 gradually decreases."', '', fig5_alpha),
-    ('Fig. 5: "when α=1 is fixed, the results for both NYT and RCV1-V2 gradually decrease with '
-     'increasing β"', '', fig5_beta),
-    ('Fig. 6: "better performance in hierarchical label correlation after learning with LH-Mix"',
-     '"Hockey": "NHL" from the top 15 to the top 3, "Baseball", "Basketball", "NFL" from the top '
-     '30 to the top 15', fig6),
-    ('Fig. 7, with depth: "as the label hierarchy deepened and the label frequency decreased, the '
-     'improvement of +Mixup and +LH-Mix compared to the baseline Prompt is larger and larger"',
-     'NYT', fig7('depth')),
-    ('Fig. 7, as labels get rarer: the same', 'NYT', fig7('quartile')),
-    ('Fig. 7: "the improvement achieved by +LH-Mix is superior to that of +Mixup"', 'NYT',
+    *[(f'Fig. 4: mixing above Prompt at {100 * f:g}%', f'Fig. 4, {100 * f:g}% of the training '
+       'data: ' + (FEWER if f == 0.5 else 'the same'), '', fig4(f)) for f in SHARES[1:]],
+    ('Fig. 4: + LH-Mix above + Mixup', 'Fig. 4: "+LH-Mix is better than +Mixup generally"', '',
+     fig4_generally),
+    ('Fig. 4: that gap larger at 10%', 'Fig. 4: "as the dataset decreases extremely to 10%, the '
+     'performance gap between +LH-Mix and +Mixup is enlarged"', '', fig4_enlarged),
+    ('Fig. 5: macro-F1 over α', 'Fig. 5: "When β=1 is fixed, for NYT, the Macro-F1 initially '
+     'increases and then decreases with increasing α. For RCV1-V2, the Macro-F1 gradually '
+     'decreases."', '', fig5_alpha),
+    ('Fig. 5: macro-F1 falls with β', 'Fig. 5: "when α=1 is fixed, the results for both NYT and '
+     'RCV1-V2 gradually decrease with increasing β"', '', fig5_beta),
+    ('Fig. 6: labels nearer their relatives after training', 'Fig. 6: "better performance in '
+     'hierarchical label correlation after learning with LH-Mix"', '"Hockey": "NHL" from the '
+     'top 15 to the top 3, "Baseball", "Basketball", "NFL" from the top 30 to the top 15', fig6),
+    ('Fig. 7: gain over Prompt grows with depth', 'Fig. 7, with depth: "as the label hierarchy '
+     'deepened and the label frequency decreased, the improvement of +Mixup and +LH-Mix '
+     'compared to the baseline Prompt is larger and larger"', 'NYT', fig7('depth')),
+    ('Fig. 7: gain over Prompt grows toward rarer labels',
+     'Fig. 7, as labels get rarer: the same', 'NYT', fig7('quartile')),
+    ("Fig. 7: + LH-Mix's gain above + Mixup's",
+     'Fig. 7: "the improvement achieved by +LH-Mix is superior to that of +Mixup"', 'NYT',
      fig7_lhmix),
 ]
 # Our own tests, which the paper does not make; the control's first, a line a share
 OURS = [
-    *[("LH-Mix's ratio (Eq. 4) above mixing every pair at λ = 0.5 (the control), "
-       + ('with all the data' if f == 1 else f'{100 * f:g}% of the training data'),
+    *[(f'LH-Mix above the λ = 0.5 control at {100 * f:g}%', "LH-Mix's ratio (Eq. 4) above "
+       'mixing every pair at λ = 0.5 (the control), ' + (
+           'with all the data' if f == 1 else f'{100 * f:g}% of the training data'),
        'the paper has no such control' if f == 1 else '', control(f)) for f in SHARES],
-    ('Fig. 6: + LH-Mix moves the labels more than training without Mixup (Prompt)',
+    ('Fig. 6: + LH-Mix moves labels more than Prompt',
+     'Fig. 6: + LH-Mix moves the labels more than training without Mixup (Prompt)',
      'the paper compares + LH-Mix after and before training only', fig6_prompt),
 ]
 
@@ -436,7 +499,7 @@ def overall(verdicts):
 def measure(rows, r):
     """Each row's (tests, why it cannot be tested or ''), Holm's correction over all its tests."""
     measured = []
-    for _, _, tests in rows:
+    for *_, tests in rows:
         try:
             measured.append((tests(r), ''))
         except Untestable as e:
@@ -445,22 +508,82 @@ def measure(rows, r):
     return measured
 
 
-def table(first, rows, measured):
-    """Prints a table of the claims `rows` (claim, the paper, tests), a line per measured test."""
-    head = [first, 'the paper', 'comparison', 'test', 'difference [95% interval]', "Holm's p",
-            'detectable', 'verdict per measure', 'verdict']
-    print(markdown(head) + '\n' + markdown(['---'] * len(head)))
-    for (claim, said, _), (tests, why) in zip(rows, measured):
-        for i, test in enumerate(tests or [None]):
-            cells = ([claim, said] if i == 0 else ['', '']) + (test.cells() if test else [''] * 5)
-            verdicts = [] if why else test.verdicts()
-            print(markdown(cells + ([why, ''] if why else [' / '.join(verdicts),
-                                                            overall(verdicts)])))
+def lines(rows, measured):
+    """Each (row, test or None, why it cannot be tested or ''), a test a line."""
+    return [(row, test, why) for row, (tests, why) in zip(rows, measured)
+            for test in tests or [None]]
+
+
+def head(*cells):
+    return markdown(cells) + '\n' + markdown(['---'] * len(cells))
+
+
+def glance(rows, measured):
+    """Prints a line per test: its verdict, the claim's label (once a claim), the comparison, and
+    a / b each with its verdict; a claim that cannot be tested, so."""
+    print(head('verdict', 'claim', 'comparison', 'a: micro-F1 [95% interval]',
+               'b: macro-F1 [95% interval]'))
+    last = None
+    for (short, *_), test, why in lines(rows, measured):
+        words = [] if why else test.verdicts()
+        print(markdown([why.split(':')[0] if why else overall(words), short * (short != last),
+                        test.what if test else '', *(test.columns(words) if test else ['', ''])]))
+        last = short
+
+
+def details(rows, measured):
+    """Prints a line per test: the claim in the paper's words and its figures (once a claim),
+    how tested, Holm's p, the detectable difference at 5% and at Holm's strictest step; a / b."""
+    print(head('claim', 'the paper', 'comparison', 'test', "Holm's p", 'detectable at 5%',
+               'at 5% / m'))
+    last = None
+    for (short, words, said, _), test, why in lines(rows, measured):
+        first = [words, said] if short != last else ['', '']
+        last = short
+        if not test:
+            print(markdown([*first, '', why, '', '', '']))
+            continue
+        tested = test.sign and not why
+        print(markdown([*first, test.what, test.how + (f' ({why})' if why else ''),
+                        ' / '.join(f'{h:.2g}' for h in test.holm) if tested else '',
+                        ' / '.join(f'{d:.2f}' for d in test.detectable()),
+                        ' / '.join(f'{d:.2f}' for d in test.detectable(LEVEL / test.m))
+                        if tested else '']))
+
+
+def provenance(groups):
+    """Where the runs come from, from test_metrics.json's 'provenance' ('not recorded' where a
+    run has none): a line listing the commits and the data digests, each with its runs. Runs
+    whose data digests differ are refused, named."""
+    found = [(f, t.get('provenance') or {}) for s in groups for f, t in zip(s.folders, s.tests)]
+    data = {}
+    for f, p in found:
+        if p.get('data'):
+            data.setdefault(json.dumps(p['data'], sort_keys=True), []).append(f)
+    if len(data) > 1:
+        raise ValueError("the runs' data digests (provenance) differ: " + '; against '.join(
+            f'{fs[0]}' + f' and {len(fs) - 1} more' * (len(fs) > 1) for fs in data.values())
+            + '; the claims compare runs on the same data')
+
+    def commit(p):
+        if 'commit' not in p:
+            return 'not recorded'
+        return f'{p["commit"] or "none (not a git checkout)"}' + ' (uncommitted changes)' * bool(
+            p.get('dirty'))
+
+    def digests(p):
+        return ', '.join(f'{k} {v[:12]}' for k, v in p['data'].items()) if p.get('data') else \
+            'not recorded'
+    print('Provenance (test_metrics.json): ' + '; '.join(
+        f'{what} {", ".join(f"{v}: {n} runs" for v, n in Counter(map(of, found)).items())}'
+        for what, of in (('commits', lambda fp: commit(fp[1])),
+                         ('data (sha256 of each split as loaded)', lambda fp: digests(fp[1]))))
+        + '.')
 
 
 def rerun_of(r, folders):
-    """The setting of the runs `folders` made again, among r's: (its first runs, the rerun), each
-    test_metrics.json by seed, each seed once in both."""
+    """The setting of the runs `folders` made again, among r's: (its first runs, its runs made
+    again, both test_metrics.json by seed), each seed once in both."""
     again = settings(folders)
     first = [s for s in r.groups if s.args == again[0].args]
     if len(again) > 1 or not first:
@@ -477,43 +600,47 @@ def rerun_of(r, folders):
         raise ValueError('--rerun needs the seeds of the first runs, once each: ' + '; '.join(
             f'{which} seeds ' + ', '.join(map(str, s))
             for which, s in zip(('the first runs have', 'the rerun has'), seeds)))
-    return first[0], pair
+    return first[0], again[0], pair
 
 
 def rerun(first, pair, tables, again):
     """Prints the rerun's spread seed by seed against its first runs, then each verdict of the
     tables (each (title, rows, measured)) that changes with the rerun in place of the first runs
-    (`again`: the tables so measured)."""
+    (`again`: the tables so measured), and the lines that the rerun leaves untested."""
     (a, b), name = (f1(p) for p in pair), first.name
     same = paired_test('rerun − first', b - a)
     lo, hi = same.interval()
-    head = ['measure', 'first runs', 'rerun', 'rerun − first, paired by seed [95% interval]',
-            'sd of one run, from the pairs']
     print(f'\n**The rerun** of {name}: its {len(a)} runs made again at their seeds, the same '
           'command; a row per measure (test F1, points; mean ± sd over the seeds):\n\n'
-          + markdown(head) + '\n' + markdown(['---'] * len(head)))
+          + head('measure', 'first runs', 'rerun', 'rerun − first, paired by seed [95% interval]',
+                 'sd of one run, from the pairs'))
     for i, m in enumerate(F1):
         print(markdown([WORDS[m], *(f'{x[:, i].mean():.2f} ± {x[:, i].std(ddof=1):.2f}'
                                     for x in (a, b)),
                         f'{same.value[i]:+.2f} [{lo[i]:+.2f}, {hi[i]:+.2f}]',
                         f'{(b - a)[:, i].std(ddof=1) / np.sqrt(2):.2f}']))
-    changed = [(was, now, [title, test.what, WORDS.get(m, m), *(
-        f"{v}: {t.value[i]:+.2f}, Holm's p {t.holm[i]:.2g}" for t, v in ((test, was),
-                                                                         (later, now)))])
-        for (title, _, measured), (_, _, measured_again) in zip(tables, again)
-        for (tests, why), (tests_again, _) in zip(measured, measured_again) if not why
-        for test, later in zip(tests, tests_again)
-        for i, (m, was, now) in enumerate(zip(test.measures, test.verdicts(), later.verdicts()))
-        if was != now]
+    changed, untested = [], []
+    for (_, rows, measured), (_, _, measured_again) in zip(tables, again):
+        for row, (tests, why), (tests_again, why_again) in zip(rows, measured, measured_again):
+            if why_again and not why:
+                untested.append(f'{row[0]}: {why_again.removeprefix("cannot be tested here: ")}')
+            for test, later in zip(tests if not why_again else (), tests_again):
+                for i, (m, was, now) in enumerate(zip(test.measures, test.verdicts(),
+                                                      later.verdicts())):
+                    if was != now:
+                        changed.append((was, now, [row[0], test.what, WORDS.get(m, m), *(
+                            f"{v}: {t.value[i]:+.2f}, Holm's p {t.holm[i]:.2g}"
+                            for t, v in ((test, was), (later, now)))]))
     words = sum(was.split()[0] != now.split()[0] for was, now, _ in changed)
     print(f'\nWith the rerun in place of the first runs of {name}, {words or "no"} verdict'
           f'{"s" * (words > 1)} of a measure change{"s" * (words < 2)} its word (supported, '
           'contradicted, inconclusive)' + (
               f'; {len(changed)} lines change, with "(Holm)" where only the unadjusted interval '
-              'clears 0:\n\n' + '\n'.join(map(markdown, [
-                  ['table', 'comparison', 'measure', 'verdict with the first runs',
-                   'with the rerun'], ['---'] * 5, *(line for *_, line in changed)]))
-              if changed else '.'))
+              'clears 0:\n\n' + '\n'.join([head('claim', 'comparison', 'measure',
+                                                'verdict with the first runs', 'with the rerun'),
+                                           *(markdown(line) for *_, line in changed)])
+              if changed else '.') + (' Not compared, as the rerun cannot test them: '
+                                      + '; '.join(untested) + '.' if untested else ''))
 
 
 def claims(args):
@@ -521,39 +648,46 @@ def claims(args):
         import scipy.stats  # noqa: F401
     except ImportError:
         raise ValueError('tools/claims.py needs scipy: pip install scipy') from None
-    r = Runs(args.runs, args.alpha, args.beta)
-    rows = (("The paper's claims", 'claim', PAPER), ('Our own tests', 'our test', OURS))
-    tables = [(title, rows_, measure(rows_, r)) for title, _, rows_ in rows]
-    if args.rerun:  # the first runs' folders out, the rerun's in
-        first, pair = rerun_of(r, args.rerun)
-        r_again = Runs([f for s in r.groups if s is not first for f in s.folders] + args.rerun,
-                       args.alpha, args.beta)
-        again = [(title, rows_, measure(rows_, r_again)) for title, _, rows_ in rows]
-    n = sum(len(s.folders) for s in r.groups)
-    print(f"The claims of the paper's Sec. 5 against {n} runs of --data {r.data}, then our own "
-          'tests, apart. A line is one comparison; a / b: test micro- and macro-F1, in points, '
-          'unless it says otherwise. The interval is the unadjusted 95% one; Holm\'s p is '
-          "adjusted within the table, per measure; detectable: the smallest difference that the "
-          "test finds with 80% power at its sd. Per measure: supported (contradicted) where Holm's "
-          "p < 0.05 and the difference has the paper's sign (the other), else inconclusive, "
-          "'(Holm)' where the interval alone clears 0; a line's verdict: partly where its "
-          "measures differ. The paper's figures give no numbers in its text. The rules, the tests "
-          "and how runs are chosen: tools/claims.py.")
-    for (title, first_column, rows_), (_, _, measured) in zip(rows, tables):
-        print(f'\n**{title}**' + (', in its words:' if rows_ is PAPER else
-                                   ', not claims of the paper:') + '\n')
-        table(first_column, rows_, measured)
-    said = []
-    for f, (tests, why) in zip(SHARES, tables[1][2]):  # the control's lines first
-        if not why:
-            (lo_micro, hi_micro), (lo, hi) = zip(*tests[0].interval())
-            said.append(f'{"With all the data" if f == 1 else f"At {100 * f:g}% of the data"}, '
-                        f'LH-Mix adds between {lo:+.2f} and {hi:+.2f} points of macro-F1 over '
-                        f'mixing at λ = 0.5 (95%; micro-F1: between {lo_micro:+.2f} and '
-                        f'{hi_micro:+.2f}).')
-    if said:
-        print('\n' + ' '.join(said))
+    r = Runs(settings(args.runs), args.alpha, args.beta)
     if args.rerun:
+        first, again_runs, pair = rerun_of(r, args.rerun)
+    provenance(r.groups + ([again_runs] if args.rerun else []))
+    tables = [(title, rows, measure(rows, r)) for title, rows in (
+        ("The paper's claims", PAPER), ('Our own tests', OURS))]
+    n = sum(len(s.folders) for s in r.groups)
+    print(f"\nThe claims of the paper's Sec. 5 against {n} runs of --data {r.data}, then our own "
+          'tests, apart. a / b: test micro- / macro-F1 in points (unless the line says '
+          'otherwise), each with its unadjusted 95% interval and its verdict: supported '
+          "(contradicted) where Holm's p, adjusted per table and column, is below 0.05 and the "
+          "difference has the paper's sign (the other), else inconclusive, '(Holm)' where only "
+          "the interval clears 0; a line is partly where its measures differ. The rules: "
+          "tools/claims.py's docstring (python -m tools.claims -h).")
+    for title, rows, measured in tables:
+        print(f'\n**{title}**' + (', in short (its words: below):' if rows is PAPER else
+                                   ', not claims of the paper:') + '\n')
+        glance(rows, measured)
+    try:
+        picked = grid_ends(r)
+        print('\n**Exploratory**, picked after seeing the grid of Fig. 5: no verdict, outside '
+              "Holm's families:\n\n" + head('comparison', 'test', 'a: micro-F1 [95% interval]',
+                                            'b: macro-F1 [95% interval]'))
+        for test in picked:
+            print(markdown([test.what, test.how, *test.columns()]))
+    except Untestable:
+        pass  # no grid given
+    m = [' and '.join(f'{n:g}' for n in dict.fromkeys(  # x == x: not NaN, a test in a family
+        x for tests, _ in measured for t in tests for x in t.m if x == x))
+        for *_, measured in tables]
+    print("\n**The details**: the paper's words and figures (its figures give no numbers in its "
+          "text), each test, Holm's p, and the difference detectable with 80% power, at 5% and "
+          f"at 5% / m, m the tests of Holm's family (a and b: the paper's claims {m[0]}, ours "
+          f'{m[1]}); a / b:')
+    for title, rows, measured in tables:
+        print()
+        details(rows, measured)
+    if args.rerun:
+        again = [(title, rows, measure(rows, r.replaced(first, again_runs)))
+                 for title, rows, _ in tables]
         rerun(first, pair, tables, again)
 
 
@@ -562,14 +696,14 @@ def main(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('runs', nargs='+', help='train.py run folders, or their records (metrics.jsonl, '
                    f'test_metrics.json, {RELATIVES})')
-    p.add_argument('--alpha', type=float, default=DEFAULT.alpha,
-                   help="+ LH-Mix's --alpha (Eq. 4; default: train.py's, %(default)s)")
-    p.add_argument('--beta', type=float, default=DEFAULT.beta,
-                   help="+ LH-Mix's --beta (Eq. 4; default: train.py's, %(default)s)")
+    for k in ('alpha', 'beta'):
+        p.add_argument(f'--{k}', type=float, default=DEFAULTS.get(k), required=k not in DEFAULTS,
+                       help=f"+ LH-Mix's --{k} (Eq. 4; default: train.py's DEFAULTS', "
+                       '%(default)s)')
     p.add_argument('--rerun', nargs='+', metavar='RUN', default=[],
                    help='the runs of one setting made again at its seeds: their spread against '
                    'the first runs, and the verdicts that change with them in their place')
-    runs.exit_on_error(claims, p.parse_args(argv))
+    exit_on_error(claims, p.parse_args(argv))
 
 
 if __name__ == '__main__':

@@ -120,7 +120,7 @@ ABOUT = {
         '(Sec. 4.1\'s, above), encoded once before training, in eval mode, by the encoder as it '
         'starts, so that it "remains unaffected by gradient updates"; their cosine, mapped to '
         '[0, 1], and clamped there (ours), as rounding can put s a little below 0, where Eq. 4\'s '
-        's^alpha is NaN. `pair_ratios` takes text i\'s row and its Mixup partner j\'s '
+        's^alpha is NaN. `training_loss` takes text i\'s row and its Mixup partner j\'s '
         '(`hier[partner]`).',
         None),
     4: ('The Mixup ratio: the more similar two local hierarchies, the nearer lambda is to 0.5 '
@@ -204,17 +204,15 @@ ITEMS = (
                'Mixup, and then for the remaining epochs, we incorporate Mixup during the '
                'training process." `--warmup-epochs` (default 5) counts the first step\'s epochs; '
                'every later epoch mixes:', ''],
-         code=[('train.py', 'parse', "add_flag(p, '--warmup-epochs'"),
-               ('train.py', 'train_epoch', 'mixing = ')],
+         code=[('train.py', 'train_epoch', 'mixing = ')],
          differences=['warm-up']),
     dict(section='5.2 Implement Details', before=None, title='Early stopping',
          text=['The paper: "We employ the early stopping strategy if there is no improvement of '
                'Macro-F1 after 5 epochs." It names no split; here, as in the authors\' code, it is '
                'dev. `--early-stop` (default 5) counts the epochs since the best dev macro-F1, and '
                'training stops before the next epoch when they reach it:', ''],
-         code=[('train.py', 'parse', "add_flag(p, '--early-stop'"),
-               ('train.py', 'since_best', None),
-               ('train.py', 'fit', 'if since_best(run.history) >= args.early_stop')],
+         code=[('runs.py', 'since_best', None),
+               ('train.py', 'fit', 'if runs.since_best(run.history) >= args.early_stop')],
          differences=['early-stopping']),
 )
 

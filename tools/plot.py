@@ -13,6 +13,9 @@ names them, each into --out as NAME.svg (or .png):
   fig7_depth_frequency  test macro-F1 per depth and per label-frequency quartile, each mean with
                         its 95% interval over seeds and its gain over the setting without Mixup
                         (Fig. 7)
+  claims                every tested line of tools/claims.py's two tables (only when named: its
+                        runs must be one study's): each difference with its 95% interval, a panel
+                        a measure, the verdict by marker and colour, the paper's side shaded
 
 A setting has its row's colour (ROWS) in every figure; several settings of one row, shades of it.
 A figure whose runs are not given is skipped, in a line saying what it needs. Needs matplotlib and
@@ -20,6 +23,7 @@ scipy (pip install matplotlib scipy); the reference does not.
 
     python -m tools.plot out/demo-prompt-lhmix-s? out/demo-prompt-mixup-s?
     python -m tools.plot runs/*-s? --out figures --format png
+    python -m tools.plot results/records/*/* --figures claims --out results/figures
 """
 import argparse
 import io
@@ -28,10 +32,9 @@ import os
 
 import numpy as np
 
-import data
-import runs
-from tools.summary import (GREEK, control, epochs, fig7_columns, finished_run, mean_sd,
-                           row_name, setting_names, settings)
+from tools import claims
+from tools.summary import (GREEK, LEVEL, METRICS, control, epochs, exit_on_error, fig7_columns,
+                           finished_run, mean_sd, row_name, setting_names, settings)
 
 START = {'svg': b'<?xml', 'png': b'\x89PNG'}  # how matplotlib's files of each format begin
 MIXING = ('mix', 'alpha', 'beta', 'mix_alpha')  # the arguments of the mixing alone
@@ -46,7 +49,7 @@ def read_history(folder):
     """A run's metrics.jsonl, per epoch: the dev macro- and micro-F1 in %, the lambda quantiles
     {percent: lambda} (None in an epoch without Mixup)."""
     lines = epochs(folder)
-    with finished_run(os.path.join(folder, runs.METRICS)):  # a record without a field, so named
+    with finished_run(os.path.join(folder, METRICS)):  # a record without a field, so named
         return {'macro': [100 * h['dev_macro_f1'] for h in lines],
                 'micro': [100 * h['dev_micro_f1'] for h in lines],
                 'lambda': [h['lambda']['quantiles'] if h['mix'] else None for h in lines]}
@@ -85,7 +88,7 @@ def interval(x):
     n = (~np.isnan(np.asarray(x, dtype=float))).sum(0)
     mean, sd = mean_sd(x)
     with np.errstate(divide='ignore', invalid='ignore'):
-        return mean, t.ppf(0.975, n - 1) * sd / np.sqrt(n)
+        return mean, t.ppf(1 - LEVEL / 2, n - 1) * sd / np.sqrt(n)
 
 
 def legend(fig, *extra):
@@ -336,6 +339,64 @@ def fig7(fig, groups):
                  'setting without Mixup, in points')
 
 
+# The claims figure's verdicts: (marker, colour), each told apart by both
+VERDICTS = {'supported': ('o', 'C2'), 'contradicted': ('X', 'C3'),
+            'inconclusive (Holm)': ('D', 'C1'), 'inconclusive': ('s', '0.55')}
+
+
+def forest(fig, groups):
+    """Every line of tools/claims.py's two tables that has a verdict, a row each, top down in
+    the tables' order (ours after the paper's, 'ours:'): in panel a (micro-F1; Fig. 6: the 3
+    nearest) and b (macro-F1; Fig. 6: the 15 nearest) its difference (a marker of its verdict)
+    and 95% interval; 0 as a line; the side that the claim predicts shaded; a measure that the
+    line lacks, said in its place."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    if 'alpha' not in claims.DEFAULTS:
+        raise ValueError("the claims figure needs + LH-Mix's alpha and beta: train.py holds no "
+                         'DEFAULTS')
+    r = claims.Runs(groups, claims.DEFAULTS['alpha'], claims.DEFAULTS['beta'])
+    rows = [('Ours: ' * (table is claims.OURS) + short, test) for table in (claims.PAPER,
+                                                                           claims.OURS)
+            for (short, *_), test, why in claims.lines(table, claims.measure(table, r))
+            if test and not why]
+    if not rows:
+        return "needs the runs of a claim's test (tools/claims.py)"
+    fig.set_size_inches(12, 1.6 + 0.36 * len(rows))
+    axes = fig.subplots(1, 2, sharey=True)
+    for c, ax in enumerate(axes):
+        spans = [x for _, t in rows for i, m in enumerate(t.measures) if claims.COLUMN[m] == c
+                 for x in (t.interval()[0][i], t.interval()[1][i])]
+        lo, hi = min(0, *spans), max(0, *spans)
+        lo, hi = lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo)
+        for y, (_, t) in enumerate(rows):
+            at = [i for i, m in enumerate(t.measures) if claims.COLUMN[m] == c]
+            if not at:
+                ax.text(0, y, f'({"macro" if c == 0 else "micro"}-F1 only)', ha='center',
+                        va='center', fontsize=7, color='0.4', gid=f'claims-{c}-none-{y}')
+                continue
+            i, (low, high) = at[0], (x[at[0]] for x in t.interval())
+            ax.barh(y, hi if t.sign > 0 else lo, 0.9, color='C2', alpha=0.12, lw=0,
+                    gid=f'claims-{c}-side-{y}')
+            ax.plot([low, high], [y, y], color='k', lw=1, gid=f'claims-{c}-interval-{y}')
+            marker, colour = VERDICTS[t.verdicts()[i]]
+            ax.plot([t.value[i]], [y], marker, color=colour, ms=7, gid=f'claims-{c}-{y}')
+        ax.axvline(0, color='k', lw=0.8, gid=f'claims-{c}-zero')
+        ax.set_xlim(lo, hi)
+        ax.set(xlabel='difference, points (slopes: points per unit)',
+               title=f'{"ab"[c]}: {claims.WORDS[claims.F1[c]]} (Fig. 6: {claims.K[c]} nearest)')
+    labels = [f'{short}\n{t.what}'.replace(f', {claims.NEAREST}', '') for short, t in rows]
+    axes[0].set_yticks(range(len(rows)), labels, fontsize=7)
+    axes[0].invert_yaxis()  # the axes share y: the first line on top in both
+    fig.legend(handles=[*(Line2D([], [], ls='none', marker=m, color=c, label=v)
+                          for v, (m, c) in VERDICTS.items()),
+                        Patch(color='C2', alpha=0.12, label="the claim's side of 0")],
+               ncols=5, loc='outside lower center')
+    fig.suptitle(f'The claims against {sum(len(s.folders) for s in groups)} runs of --data '
+                 f"{r.data}: each difference with its 95% interval; verdict after Holm's "
+                 'correction (marker, colour)')
+
+
 def plot(args):
     """Each figure whose runs are given, drawn into --out once every run has been read."""
     try:  # the tools' own dependencies: the reference imports neither
@@ -352,14 +413,13 @@ def plot(args):
                'table3_f1': lambda fig: table3(fig, groups),
                'fig4_train_fraction': lambda fig: fig4(fig, groups),
                'fig5_alpha_beta': lambda fig: fig5(fig, groups),
-               'fig7_depth_frequency': lambda fig: fig7(fig, groups)}
+               'fig7_depth_frequency': lambda fig: fig7(fig, groups),
+               'claims': lambda fig: forest(fig, groups)}
     unknown = set(args.figures or ()) - set(figures)
     if unknown:
         raise ValueError(f'--figures {" ".join(sorted(unknown))}: not one of {", ".join(figures)}')
-    figures = {k: v for k, v in figures.items() if k in (args.figures or figures)}
-    why = runs.unwritable(os.path.abspath(args.out))
-    if why:
-        raise ValueError(f'--out {args.out}: {why}')
+    figures = {k: v for k, v in figures.items() if k in (args.figures or set(figures) - {'claims'})}
+    os.makedirs(args.out, exist_ok=True)
     paths = {name: os.path.join(args.out, f'{name}.{args.format}') for name in figures}
     for path in paths.values():  # replace only the figures of an earlier call
         if os.path.lexists(path):
@@ -377,7 +437,9 @@ def plot(args):
                 continue
             out = io.BytesIO()
             fig.savefig(out, format=args.format, metadata={'Date': None})
-            data.write_whole(paths[name], out.getvalue())
+            with open(paths[name] + '.tmp', 'wb') as f:  # whole or not at all
+                f.write(out.getvalue())
+            os.replace(paths[name] + '.tmp', paths[name])
             print(f'{name}: {paths[name]}')
 
 
@@ -391,7 +453,7 @@ def main(argv=None):
                    help='draw only these figures, by the names above (default: all)')
     p.add_argument('--format', default='svg', choices=list(START),
                    help='svg (text, small) or png (default: %(default)s)')
-    runs.exit_on_error(plot, p.parse_args(argv))
+    exit_on_error(plot, p.parse_args(argv))
 
 
 if __name__ == '__main__':

@@ -2,28 +2,53 @@
 the first (the paper's appendix reports T-tests without naming which; Welch's does not assume
 equal variances; needs scipy, else the p-values are left out), then Fig. 7's macro-F1 per depth
 and label-frequency quartile: two Markdown tables, each setting named as the paper names Table
-3's rows; with --each, a row per run instead (a rerun beside the first runs); with --stops, a row
-per setting on its early stops; or the figures of another tool's predictions, as evaluate.py
-reports a checkpoint's.
+3's rows (--overall: the first alone); with --each, a row per run instead (a rerun beside the
+first runs); with --stops, a row per setting on its early stops; or the figures of another
+tool's predictions, as evaluate.py reports a checkpoint's.
 
     python -m tools.summary runs/prompt-lhmix-s? runs/prompt-mixup-s?
     python -m tools.summary --each runs/prompt-lhmix-s? rerun/prompt-lhmix-s?
     python -m tools.summary --stops runs/prompt-lhmix-s? runs/prompt-mixup-s?
+    python -m tools.summary --overall runs/prompt-lhmix-s? runs/prompt-mixup-s?
     python -m tools.summary --predictions preds.jsonl --data demo
 """
 import argparse
+import ast
 import contextlib
 import json
 import os
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 
-import data
-import evaluate
-import runs
-import train
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 
+
+def literals(path):
+    """{name: value} of each module-level name that the Python file `path` binds to a literal
+    (`K = (3, 15)`, `A, B = 'a', 'b'`), read from its source: the tools read the reference's
+    constants and defaults without importing it, and so without torch."""
+    with open(path, encoding='utf-8') as f:
+        body = ast.parse(f.read()).body
+    out = {}
+    for node in body:
+        if isinstance(node, ast.Assign):
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:  # not a literal
+                continue
+            for target in node.targets:
+                names, values = ((target.elts, value) if isinstance(target, ast.Tuple)
+                                 else ([target], [value]))
+                out.update((n.id, v) for n, v in zip(names, values) if isinstance(n, ast.Name))
+    return out
+
+
+# A run's files, as runs.py names them
+METRICS, TEST_METRICS = map(literals(os.path.join(ROOT, 'runs.py')).get,
+                            ('METRICS', 'TEST_METRICS'))
+LEVEL = 0.05  # two-sided: every interval of the tools is a 95% one
 NOT_SETTINGS = ('seed', 'data_dir')  # a run's arguments that do not change what it measures
 # Table 3's rows, as the paper's text names them (its table writes "Bert" and "+Mixup")
 ARCHS, MIXES = {'prompt': 'Prompt', 'bert': 'BERT'}, {'none': '', 'mixup': ' + Mixup',
@@ -102,7 +127,7 @@ def settings(folders):
     """Each run once, grouped by setting in the order given, named by setting_names."""
     groups = {}
     for run in dict.fromkeys(os.path.realpath(r) for r in folders):
-        path = os.path.join(run, runs.TEST_METRICS)
+        path = os.path.join(run, TEST_METRICS)
         with finished_run(path):
             with open(path, encoding='utf-8') as f:
                 m = json.load(f)
@@ -165,9 +190,10 @@ def markdown(cells):
     return '| ' + ' | '.join(map(str, cells)) + ' |'
 
 
-def summary(folders):
+def summary(folders, breakdown=True):
     """Each run once, grouped by setting, as two Markdown tables: n, mean +- sd, Welch's p against
-    the first setting; Fig. 7's macro-F1 per depth and label-frequency quartile."""
+    the first setting; with `breakdown`, Fig. 7's macro-F1 per depth and label-frequency
+    quartile."""
     groups = settings(folders)
     try:
         import scipy.stats  # noqa: F401 (welch's)
@@ -184,22 +210,20 @@ def summary(folders):
     rows = []
     for group in groups:
         f1 = 100 * np.array([(m['micro_f1'], m['macro_f1']) for m in group.tests])
-        n = len(f1)
-        sd = p = None  # one run has no sd and no p-value
-        if n > 1:
-            sd = f1.std(0, ddof=1)
-            if rows and with_p and rows[0]['n'] > 1:
-                p = welch(f1, rows[0]['f1'])[1]
-        rows.append({'setting': group.name, 'n': n, 'f1': f1, 'mean': f1.mean(0), 'sd': sd,
-                     'p': p})
+        n, (mean, sd) = len(f1), mean_sd(f1)
+        p = None  # one run has no p-value (nor sd)
+        if n > 1 and rows and with_p and rows[0]['n'] > 1:
+            p = welch(f1, rows[0]['f1'])[1]
+        rows.append({'setting': group.name, 'n': n, 'f1': f1, 'mean': mean,
+                     'sd': sd if n > 1 else None, 'p': p})
         table.append(markdown([group.name, n, *(f'{m:.2f}' + (f' ± {sd[i]:.2f}' if n > 1 else '')
-                                                for i, m in enumerate(f1.mean(0))),
+                                                for i, m in enumerate(mean)),
                                '' if p is None else ', '.join(f'{x:.3g}' for x in p)]))
         mine, by = by[:n], by[n:]
         # empty where none of the setting's runs has the depth
         fig7.append(markdown([group.name, *('' if np.isnan(x) else f'{x:.2f}'
                                             for x in mean_sd(mine)[0])]))
-    print('\n'.join(table + fig7))
+    print('\n'.join(table + fig7 * breakdown))
     return rows
 
 
@@ -221,41 +245,58 @@ def each(folders):
 
 def epochs(folder):
     """A finished run's metrics.jsonl: a dict per epoch, in order."""
-    path = os.path.join(folder, runs.METRICS)
+    path = os.path.join(folder, METRICS)
     with finished_run(path), open(path, encoding='utf-8') as f:
         return [json.loads(line) for line in f]
 
 
-def stopped_on_one_epoch(history, patience):
-    """Whether a run stopped early on one epoch's rise: it ended `patience` epochs after its best
-    dev macro-F1 (train.since_best), and with that epoch's dev macro-F1 put back to the epoch's
-    before, it would have gone on (a later epoch would have been the best)."""
-    since = train.since_best(history)
+def since_best(history):
+    """The epochs since a run's best dev macro-F1 (the first of equal ones), on which train.py
+    stops: the tools' own reading of metrics.jsonl, for what-ifs (test_metrics.json's best_epoch
+    is the run's own)."""
+    f1 = [h['dev_macro_f1'] for h in history]
+    return len(f1) - 1 - f1.index(max(f1))
+
+
+def hangs_on_its_best(history, patience):
+    """How far (dev macro-F1, points) a run's best epoch stands above its best later one, where
+    the run stopped early and would have trained on without that epoch's dev score (put back to
+    the epoch's before: a later epoch would then be the best); else None. A later epoch a hair
+    below the best (a plateau) counts too: the count is of stops that hang on one epoch."""
+    since = since_best(history)
     b = len(history) - 1 - since
     if b == 0 or since < patience:
-        return False
+        return None
     flat = history[:b] + [dict(history[b], dev_macro_f1=history[b - 1]['dev_macro_f1'])]
-    return train.since_best(flat + history[b + 1:]) < patience
+    if since_best(flat + history[b + 1:]) >= patience:
+        return None
+    return 100 * (history[b]['dev_macro_f1'] - max(h['dev_macro_f1'] for h in history[b + 1:]))
 
 
 def stops(folders):
-    """A Markdown row per setting on its early stops: the epochs trained, the runs that stopped on
-    one epoch's rise, and how much of the spread of its test macro-F1 goes with the best epoch."""
-    head = ['setting', 'n', 'epochs trained', "stopped on one epoch's rise",
+    """A Markdown row per setting on its early stops: the epochs trained, the runs whose stop
+    hangs on their best epoch (hangs_on_its_best), and how much of the spread of its test
+    macro-F1 goes with the best epoch; then the count over all, with how far the best stood
+    above the best later epoch in those runs."""
+    head = ['setting', 'n', 'epochs trained', 'would go on without its best epoch',
             'test macro-F1 (%), sd', 'r: best dev epoch, test macro-F1', 'r²']
     print('\n'.join([markdown(head), markdown(['---'] * len(head))]))
-    total = [0, 0]  # runs stopped on one epoch's rise, runs
+    margins, total = [], 0  # of the runs whose stop hangs on one epoch; runs
     for s in settings(folders):
         histories = [epochs(folder) for folder in s.folders]
         trained = np.array([len(h) for h in histories])
         best, macro = np.array([(t['best_epoch'], 100 * t['macro_f1']) for t in s.tests]).T
-        risen = sum(stopped_on_one_epoch(h, s.args['early_stop']) for h in histories)
-        total = [total[0] + risen, total[1] + len(macro)]
+        hang = [m for m in (hangs_on_its_best(h, s.args['early_stop']) for h in histories)
+                if m is not None]
+        margins, total = margins + hang, total + len(macro)
         r = np.corrcoef(best, macro)[0, 1] if len(macro) > 2 else None
-        print(markdown([s.name, len(macro), f'{trained.min()}–{trained.max()}', risen,
+        print(markdown([s.name, len(macro), f'{trained.min()}–{trained.max()}', len(hang),
                         f'{macro.std(ddof=1):.2f}' if len(macro) > 1 else '',
                         *([f'{r:+.2f}', f'{r * r:.2f}'] if r is not None else ['', ''])]))
-    print(f"\n{total[0]} of the {total[1]} runs stopped on one epoch's rise.")
+    q = np.percentile(margins, [25, 50, 75]) if margins else [np.nan] * 3
+    print(f'\n{len(margins)} of the {total} runs would have trained on without their best '
+          "epoch's dev score; in them the best stood above the best later epoch by a median "
+          f'{q[1]:.2f} points of dev macro-F1 (quartiles {q[0]:.2f}, {q[2]:.2f}).')
 
 
 def read_predictions(path, lines, hierarchy, n):
@@ -279,6 +320,8 @@ def read_predictions(path, lines, hierarchy, n):
 
 
 def score_predictions(args):
+    import data  # the data set's reader, and with it torch: here alone
+    import evaluate
     lines = data.read_lines(args.predictions)  # the user's file, before the data set is loaded
     hierarchy, splits = data.load_data(args.data, args.data_dir)
     docs = splits[args.split]
@@ -287,12 +330,29 @@ def score_predictions(args):
         pred, [ls for _, ls in docs], hierarchy, [ls for _, ls in splits['train']]))
 
 
+def exit_on_error(main, *args):
+    """Runs main(*args) as the tools end: a mistake in the input (ValueError) or the OS's refusal
+    (OSError) in one line, `error: ...`, exit 1; a closed pipe (`... | head -1`) quietly."""
+    try:
+        main(*args)
+        sys.stdout.flush()  # here, so that a closed pipe is caught below
+    except BrokenPipeError:  # the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    except OSError as e:  # the OS's own words
+        sys.exit(f'error: {e.filename}: {e.strerror}' if e.filename else f'error: {e}')
+    except ValueError as e:
+        sys.exit(f'error: {e}')
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('runs', nargs='*', help='train.py run folders')
     p.add_argument('--each', action='store_true',
                    help='a row per run, not per setting (a rerun against the first runs)')
+    p.add_argument('--overall', action='store_true',
+                   help="the first table alone, without Fig. 7's breakdown per depth and quartile")
     p.add_argument('--stops', action='store_true',
                    help="a row per setting on its early stops (the runs' metrics.jsonl)")
     p.add_argument('--predictions', metavar='FILE', help='score this prediction file instead')
@@ -307,8 +367,9 @@ def main(argv=None):
         p.error(f'--{"each" if args.each else "stops"} takes run folders, not predictions')
     if args.each and args.stops:
         p.error('give --each or --stops, not both')
-    runs.exit_on_error(each if args.each else stops if args.stops else summary if args.runs
-                       else score_predictions, args.runs or args)
+    exit_on_error(each if args.each else stops if args.stops else
+                  (lambda r: summary(r, not args.overall)) if args.runs else score_predictions,
+                  args.runs or args)
 
 
 if __name__ == '__main__':
