@@ -138,8 +138,7 @@ def _download_wos(path):
             failed.append(f'{url}: {e}')
     folder = os.path.dirname(path)
     raise ValueError(f'WOS is not in {folder} and could not be downloaded ({"; ".join(failed)}); '
-                     'put WebOfScience.zip from one of these, or Data.txt or Data.xlsx from its '
-                     f'Meta-data/, in {folder} (or pass --data-dir)')
+                     'put WebOfScience.zip or its Data.txt or Data.xlsx there (or --data-dir)')
 
 
 def load_wos(folder):
@@ -162,13 +161,13 @@ def load_wos(folder):
             source, blob = f'{archive}:{found[0]}', found[1]
         rows = list(enumerate(_xlsx_rows(blob), 1))
     header = [c.strip() for c in rows[0][1]] if rows else []
-    if header[:7] != ['Y1', 'Y2', 'Y', 'Domain', 'area', 'keywords', 'Abstract']:
-        raise ValueError(f'{source}:1: expected the header Y1 Y2 Y Domain area keywords '
-                         f'Abstract, got {header}')
+    want = 'Y1 Y2 Y Domain area keywords Abstract'
+    if header[:7] != want.split():
+        raise ValueError(f'{source}:1: expected the header {want}, got {header}')
     for n, r in rows[1:]:
         if len(r) != 7 or not r[3].strip() or not r[4].strip():
             raise ValueError(f'{source}:{n}: expected 7 tab-separated fields with a Domain and an '
-                             f'area, found {len(r)} fields')
+                             f'area, found {len(r)}')
     rows = [r for _, r in rows[1:]]
     parts = wos_split(len(rows))
     if not all(len(p) for p in parts):
@@ -231,8 +230,8 @@ def load_hiagm(folder):
     ids_file = os.path.join(folder, 'value_dict.pt')
     value_dict = _load_value_dict(ids_file) if os.path.exists(ids_file) else {}
     raw = {}
-    for split, suffixes in (('train', ('_train.json',)), ('dev', ('_dev.json', '_val.json')),
-                            ('test', ('_test.json',))):
+    for split in ('train', 'dev', 'test'):
+        suffixes = (f'_{split}.json',) + ('_val.json',) * (split == 'dev')
         path, raw[split] = one(suffixes, '*' + ' or *'.join(suffixes)), []
         for n, line in read_lines(path):
             if not line.strip():
@@ -258,8 +257,8 @@ def load_hiagm(folder):
             raise ValueError(f'{path}: no documents (the {split} split may not be empty)')
         if not any(labels for _, labels in raw[split]):
             raise ValueError(f'{path}: no document has a label (the {split} split)')
-    label_of = resolve_ids(value_dict, parents, [labels for docs in raw.values()
-                                                 for _, labels in docs], ids_file, taxonomy)
+    label_of = resolve_ids(value_dict, parents, [ls for docs in raw.values() for _, ls in docs],
+                           ids_file, taxonomy)
     # The verbalizer's names are HPT's ('HIV/AIDS' whole), RCV1's descriptions, or those of
     # label_names.tsv, which win.
     h = Hierarchy(parents, {**{label_of[i]: value_dict[i] for i in label_of},
@@ -281,8 +280,7 @@ def label_names(folder, parents):
         line = line.strip()
         m = re.fullmatch(r'parent:\s*\S+\s+child:\s*(\S+)\s+child-description:\s*(.+)', line)
         if line and not m:
-            raise ValueError(f'{topics}:{n}: expected parent: CODE child: CODE child-description: '
-                             'TEXT')
+            raise ValueError(f'{topics}:{n}: expected parent: P child: C child-description: TEXT')
         if m and m[1].lower() in code:
             names[code[m[1].lower()]] = m[2].lower()
     for n, line in read_lines(tsv) if os.path.exists(tsv) else []:
@@ -300,10 +298,9 @@ def _load_value_dict(path):
             d = torch.load(f, weights_only=True)
         except Exception:  # Torch raises many kinds of error for a file not its own.
             d = None
-    if not isinstance(d, dict) or not all(type(k) is int and isinstance(v, str)
-                                          for k, v in d.items()):
-        raise ValueError(f'{path}: not a torch file of {{label id (int): name (str)}}, as HPT '
-                         'writes it')
+    if not isinstance(d, dict) or not all(
+            type(k) is int and isinstance(v, str) for k, v in d.items()):
+        raise ValueError(f"{path}: not HPT's torch file of {{label id (int): name (str)}}")
     return d
 
 
@@ -379,8 +376,8 @@ def load_data(name, data_dir=None):
               for s, docs in splits.items() if any(not t.strip() or not ls for t, ls in docs)]
     if counts:
         print(f'warning: {source}: {"; ".join(counts)} (kept)', file=sys.stderr)
-    if name == 'rcv1' and not any(os.path.exists(os.path.join(source, f))
-                                  for f in (RCV1_TOPICS, 'label_names.tsv')):
+    if name == 'rcv1' and not any(
+            os.path.exists(os.path.join(source, f)) for f in (RCV1_TOPICS, 'label_names.tsv')):
         print(f'warning: {source} has no {RCV1_TOPICS}: the verbalizer reads the topic codes, not '
               'their descriptions (README: Reproducing)', file=sys.stderr)
     return hierarchy, splits
@@ -439,11 +436,11 @@ def load_pretrained(name):
     logging.disable_progress_bar()
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
-        mlm, info = AutoModelForMaskedLM.from_pretrained(name, trust_remote_code=False,
-                                                         output_loading_info=True)
+        mlm, info = AutoModelForMaskedLM.from_pretrained(
+            name, trust_remote_code=False, output_loading_info=True)
     except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:
-        hint = '' if os.path.isdir(name) else (' (not a local folder; without internet, pass a '
-                                               'local folder or --model tiny)')
+        hint = ('' if os.path.isdir(name) else
+                ' (not a local folder; offline, pass a local folder or --model tiny)')
         raise ValueError(f'could not load model {name!r}{hint}: {type(e).__name__}: {e}') from None
     finally:
         logging.set_verbosity(verbosity)

@@ -89,7 +89,7 @@ def check_output(path, flag, ckpt, start):
     a run's figures, where no folder can be made, or over a file not beginning with `start`."""
     folder = os.path.realpath(ckpt)
     if os.path.commonpath([os.path.realpath(path), folder]) == folder:
-        raise ValueError(f'{flag} {path}: is inside the checkpoint folder {ckpt} being read')
+        raise ValueError(f'{flag} {path}: is inside the checkpoint {ckpt} being read')
     if os.path.basename(path) in (runs.METRICS, runs.TEST_METRICS):
         raise ValueError(f"{flag} {path}: is a train.py run's own file")
     why = runs.unwritable(os.path.dirname(os.path.abspath(path)))
@@ -138,16 +138,15 @@ def evaluate(args):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add_argument
     add('--ckpt', required=True, help='a checkpoint folder, such as RUN/best')
-    add('--data', help='the data to score on: as train.py --data')
+    add('--data', help='the data to score, as train.py --data')
     add('--data-dir', help='as train.py --data-dir')
     add('--split', default='test', choices=['train', 'dev', 'test'],
         help='the split to score (default: test)')
-    add('--out', help='write the figures here as JSON (as test_metrics.json has them); with '
-        '--data only')
+    add('--out', help='write the figures here as JSON, as test_metrics.json (--data only)')
     add('--save-predictions', metavar='FILE',
         help='write the predicted labels here: a line {"labels": [...]} a document (or text)')
     add('--texts', metavar='FILE', help='classify the lines of FILE (- : stdin) instead')
@@ -156,7 +155,7 @@ def main(argv=None):
     if bool(args.texts) == bool(args.data):
         p.error('give --data (to score a split) or --texts (to classify), not both')
     if args.texts and args.out:  # F1 needs gold labels, which texts do not have.
-        p.error('--out (F1 figures) needs --data: texts have no gold labels to score against')
+        p.error('--out (F1 figures) needs --data: texts have no gold labels')
     if args.out and args.save_predictions and (
             os.path.realpath(args.out) == os.path.realpath(args.save_predictions)):
         p.error(f'--out and --save-predictions name one file: {args.out}')

@@ -91,11 +91,10 @@ class Classifier(nn.Module):
         self.register_buffer('valid', valid, persistent=False)
         slots = [i for i, t in enumerate(self.prefix) if t == self.slot_id]
         self.register_buffer('slot_offsets', torch.tensor(slots), persistent=False)
-        positions = mlm.config.max_position_embeddings
-        if not 0 < self.text_budget(max_length) or max_length > positions:
+        n = mlm.config.max_position_embeddings
+        if not 0 < self.text_budget(max_length) or max_length > n:
             raise ValueError(f'max_length {max_length} leaves {self.text_budget(max_length)} text '
-                             f'tokens (at most {positions} positions): give a max_length from '
-                             f'{len(self.prefix) + 2} to {positions}')
+                             f'tokens (at most {n} positions): give {len(self.prefix) + 2} to {n}')
         # LH-Mix's table of encoded local hierarchies (Sec. 4.1), set by use_local_hierarchies().
         self.register_buffer('local_hierarchies', None, persistent=False)
         self.alpha = self.beta = None
@@ -185,18 +184,16 @@ class LHMix(Classifier):
 def build_model(mlm, tokenizer, hierarchy, arch, max_length=512):
     """A fresh LHMix (arch 'prompt') or FlatBERT ('bert'), started by its `initialize`. Warns, in
     one line, of the labels whose names give no word-piece but [UNK], and why."""
-    special = {'cls': tokenizer.cls_token_id, 'sep': tokenizer.sep_token_id,
-               'pad': tokenizer.pad_token_id, 'mask': tokenizer.mask_token_id}
+    special = {k: getattr(tokenizer, f'{k}_token_id') for k in ('cls', 'sep', 'pad', 'mask')}
     model = ARCHS[arch](mlm, hierarchy, len(tokenizer), special, max_length)
     pieces = [tokenizer(n, add_special_tokens=False)['input_ids'] for n in hierarchy.names]
-    unk = {v: "the tokenizer's vocabulary has none of its name's words" if p else
+    unk = {v: "the vocabulary has none of its name's words" if p else
            'its name holds no word' for v, p in zip(hierarchy.labels, pieces)
            if set(p) <= {tokenizer.unk_token_id}}  # Each with its cause.
     if unk:
-        warnings.warn(f'labels whose names give no word-piece but [UNK], so that they start alike '
-                      f'and are alike in local hierarchies: {unk}; rename them (train.py: '
-                      'label_names.tsv in the data folder; the API: Hierarchy(parents, names)) or '
-                      'take a model whose vocabulary has their words (train.py --model)')
+        warnings.warn(f'labels whose names give only [UNK] start alike and are alike in local '
+                      f'hierarchies: {unk}; rename them (label_names.tsv in the data folder; '
+                      'Hierarchy(parents, names)) or take a model with their words (--model)')
     model.initialize(tokenizer)
     return model
 
@@ -288,18 +285,16 @@ def mix_hidden(h_i, h_j, lam):
 def _check_mixup(model, n, partner, lam, hierarchy_ids):
     """Refuses, naming the fix, a Mixup that n documents cannot run (a lam on a GPU unchecked)."""
     if (lam is not None) + (hierarchy_ids is not None) != (partner is not None):
-        raise ValueError('Mixup takes `partner` and one ratio: give it either `lam` (vanilla '
-                         'Mixup) or `hierarchy_ids` (LH-Mix)')
+        raise ValueError('Mixup takes `partner` and either `lam` (vanilla) or `hierarchy_ids`')
     if lam is not None and not torch.is_tensor(lam):
         raise TypeError(f'lam {lam!r}: give a tensor, one ratio per document')
     for name, x in (('partner', partner), ('lam', lam), ('hierarchy_ids', hierarchy_ids)):
         if x is not None and tuple(x.shape) != (n,):
-            raise ValueError(f'{name} of shape {tuple(x.shape)} for {n} documents: give one '
-                             'per document, a tensor of shape (B,)')
+            raise ValueError(f'{name} of shape {tuple(x.shape)} for {n} documents: give ({n},)')
     if lam is not None and not lam.is_cuda and not ((lam >= 0) & (lam <= 1)).all():
         raise ValueError(f'lam {lam.tolist()}: give ratios in [0, 1]')
     if hierarchy_ids is not None and model.local_hierarchies is None:
-        raise ValueError('hierarchy_ids needs the local hierarchies: call '
+        raise ValueError('hierarchy_ids: call '
                          'lhmix.use_local_hierarchies(model, table, alpha, beta) first')
 
 
@@ -399,8 +394,8 @@ def make_batch(model, token_ids, labels, rng=None, mlm_rate=0.0, layout=pad_rows
         batch['targets'][b, model.hierarchy.closure(ls)] = True
     if mlm_rate > 0:
         texts = batch['starts'].numpy() + len(model.prefix)
-        pos, gold = mask_tokens(batch['input_ids'], texts, token_ids, rng, mlm_rate,
-                                model.special['mask'])
+        pos, gold = mask_tokens(
+            batch['input_ids'], texts, token_ids, rng, mlm_rate, model.special['mask'])
         if len(pos):  # A batch with nothing masked has no MLM term.
             batch['mlm_pos'], batch['mlm_labels'] = pos, gold
     return batch
@@ -409,8 +404,8 @@ def make_batch(model, token_ids, labels, rng=None, mlm_rate=0.0, layout=pad_rows
 def mask_tokens(input_ids, text_starts, token_ids, rng, rate, mask_id):
     """BERT's masking for HPT's MLM term, in place: each text word-piece chosen at `rate`, then
     80% [MASK], 10% another of the batch's, 10% kept. Returns the positions and their old ids."""
-    pos = torch.from_numpy(np.concatenate([start + np.flatnonzero(rng.random(len(t)) < rate)
-                                           for start, t in zip(text_starts, token_ids)]))
+    pos = torch.from_numpy(np.concatenate(
+        [s + np.flatnonzero(rng.random(len(t)) < rate) for s, t in zip(text_starts, token_ids)]))
     flat = input_ids.view(-1)
     gold = flat[pos].clone()
     r = torch.from_numpy(rng.random(len(pos)))
@@ -440,8 +435,8 @@ def score_documents(model, token_ids, batch_size=128):
         idx = order[i:i + batch_size]
         b = make_batch(model, [token_ids[j] for j in idx], [[]] * len(idx))
         with autocast(device):
-            scores = model.label_scores(*(b[k].to(device) for k in ('input_ids',
-                                                                    'attention_mask', 'starts')))
+            scores = model.label_scores(
+                *(b[k].to(device) for k in ('input_ids', 'attention_mask', 'starts')))
         out[torch.from_numpy(idx).to(device)] = scores  # Written on the GPU: no sync a batch.
     model.train(was_training)
     return out.cpu().numpy()
@@ -488,8 +483,8 @@ class FusedZMLCE(torch.autograd.Function):
         loss = torch.empty(s.shape[0], device=s.device)
         grad = torch.empty(s.shape, device=s.device)
         block = triton.next_power_of_2(L)
-        _zmlce_kernel[(s.shape[0],)](s, t, v, loss, grad, L, BLOCK=block,
-                                     num_warps=4 if block <= 1024 else 8)
+        _zmlce_kernel[(s.shape[0],)](
+            s, t, v, loss, grad, L, BLOCK=block, num_warps=4 if block <= 1024 else 8)
         ctx.save_for_backward(grad.view(shape))
         ctx.dtype = scores.dtype
         return loss.view(shape[:-1])

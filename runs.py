@@ -99,8 +99,7 @@ def save_checkpoint(folder, model, tokenizer, meta, extra=None):
             for f in CHECKPOINT[:-1]:
                 write_whole(os.path.join(folder, f), Path(tmp, f).read_bytes())
     h, aliases = model.hierarchy, _aliases(model)
-    meta = {'arch': model.arch, 'base_vocab': model.base_vocab, 'special': model.special,
-            'max_length': model.max_length,
+    meta = {**{k: getattr(model, k) for k in ('arch', 'base_vocab', 'special', 'max_length')},
             'hierarchy': {'labels': h.labels, 'names': h.names,
                           'parents': [h.labels[p] if p >= 0 else None for p in h.parent]}, **meta}
     tensors = {**{k: v for k, v in model.state_dict().items() if k not in aliases},
@@ -112,9 +111,10 @@ def save_checkpoint(folder, model, tokenizer, meta, extra=None):
 
 def checkpoint_meta(folder):
     """Return the metadata of model.safetensors, its tensors unread (KeyError if it has none)."""
+    path = os.path.join(folder, WEIGHTS)
     # Opened first, because safetensors says 'No such file' of a file it may not read.
-    open(os.path.join(folder, WEIGHTS), 'rb').close()
-    with safe_open(os.path.join(folder, WEIGHTS), 'pt') as f:
+    open(path, 'rb').close()
+    with safe_open(path, 'pt') as f:
         return json.loads((f.metadata() or {})['lhmix'])
 
 
@@ -124,8 +124,7 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
     ignored)."""
     from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
     if os.path.isfile(folder):
-        raise ValueError(f'{folder}: a file, not a checkpoint: a checkpoint is a folder holding '
-                         f'{", ".join(CHECKPOINT)}, such as a run\'s best/')
+        raise ValueError(f"{folder}: a file, not a checkpoint folder (such as a run's best/)")
     if os.path.isdir(os.path.join(folder, 'best')):
         raise ValueError(f'{folder}: a run, not a checkpoint: pass {os.path.join(folder, "best")}')
     missing = [f for f in CHECKPOINT if not os.path.exists(os.path.join(folder, f))]
@@ -142,9 +141,9 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
         h = meta['hierarchy']
         mlm = AutoModelForMaskedLM.from_config(AutoConfig.from_pretrained(  # SDPA, as trained
             folder, trust_remote_code=False), trust_remote_code=False, attn_implementation='sdpa')
-        model = ARCHS[meta['arch']](mlm, Hierarchy(dict(zip(h['labels'], h['parents'])),
-                                                   dict(zip(h['labels'], h['names']))),
-                                    meta['base_vocab'], meta['special'], meta['max_length'])
+        model = ARCHS[meta['arch']](
+            mlm, Hierarchy(*(dict(zip(h['labels'], h[k])) for k in ('parents', 'names'))),
+            meta['base_vocab'], meta['special'], meta['max_length'])
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
         raise ValueError(f'{folder}: config.json, tokenizer or metadata unreadable '
@@ -252,7 +251,7 @@ class RunFolder:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(self.fd)
-            raise ValueError(f'--out {out}: another train.py is using this folder; let it end, '
+            raise ValueError(f'--out {out}: another train.py is using it; let it end, '
                              'or choose another --out') from None
         try:
             self.replacing = self._check(resume, overwrite)
@@ -268,9 +267,8 @@ class RunFolder:
         if link:
             raise ValueError(
                 f'--out {self.name}: {os.path.join(self.name, link)} is a symbolic link (to '
-                f'{os.readlink(os.path.join(self.path, link))}); train.py neither writes nor '
-                'deletes through links in a run folder: put what it names in its place, or '
-                'choose another --out')
+                f'{os.readlink(os.path.join(self.path, link))}), which train.py does not follow: '
+                'put what it names in its place, or choose another --out')
         self._refuse_others(NEW)  # settle() deletes only train.py's files, and stops at another.
         settle(self.path)  # An --overwrite killed while it saved its first epoch.
         top = os.listdir(self.path)
@@ -286,13 +284,12 @@ class RunFolder:
         except Exception as e:  # Missing, unreadable, not a run's: the message says which.
             why = one_line(e)
         if why is None and not overwrite:
-            raise ValueError(f'--out {self.name}: holds an earlier run; continue it with --resume, '
-                             'replace it with --overwrite, or choose another --out')
+            raise ValueError(f'--out {self.name}: holds an earlier run: continue it (--resume), '
+                             'replace it (--overwrite) or choose another --out')
         self._refuse_others()
         if not overwrite:
-            raise ValueError(f'--out {self.name}: holds a train.py run that saved no epoch or is '
-                             f'damaged ({why}); replace it with --overwrite, or choose another '
-                             '--out')
+            raise ValueError(f'--out {self.name}: holds a run that saved no epoch or is damaged '
+                             f'({why}); replace it with --overwrite, or choose another --out')
         if why is not None:
             print(f'--overwrite: {self.name} holds a run that saved no epoch or is damaged '
                   f'({why}); replacing it', file=sys.stderr)
@@ -344,10 +341,9 @@ class RunFolder:
         root = os.path.join(self.path, NEW) if self.replacing else self.path
         try:
             if since_best(history) == 0:
-                save_checkpoint(os.path.join(root, 'best'), model, tokenizer,
-                                {**meta, 'epoch': len(history) - 1, 'dev': history[-1]}, extra)
-            write_whole(os.path.join(root, METRICS),
-                        ''.join(json.dumps(h) + '\n' for h in history))
+                save_checkpoint(os.path.join(root, 'best'), model, tokenizer, {
+                    **meta, 'epoch': len(history) - 1, 'dev': history[-1]}, extra)
+            write_whole(os.path.join(root, METRICS), ''.join(json.dumps(h) + '\n' for h in history))
             state = {f'adam.{i}.{k}': v for i, kept in adam.state_dict()['state'].items()
                      for k, v in kept.items()}
             save_checkpoint(os.path.join(root, 'last'), model, tokenizer,
@@ -367,8 +363,8 @@ def device(name):
     not there is refused before anything is computed."""
     cuda = torch.cuda.is_available()
     if not re.fullmatch(r'cpu|cuda(:\d+)?' if cuda else 'cpu', name):
-        raise argparse.ArgumentTypeError(f'{name}: only cpu' + (', cuda or cuda:N' if cuda else
-                                                                ' (no CUDA GPU here)'))
+        raise argparse.ArgumentTypeError(
+            f'{name}: only cpu' + (', cuda or cuda:N' if cuda else ' (no CUDA GPU here)'))
     n, index = torch.cuda.device_count() if cuda else 0, torch.device(name).index
     if index is not None and index >= n:  # Torch would fail only once the data is read.
         raise argparse.ArgumentTypeError(f'{name}: CUDA sees {n} GPU' + (
@@ -378,9 +374,8 @@ def device(name):
 
 def add_device(parser):
     """Adds --device to a script's flags."""
-    parser.add_argument('--device', type=device,
-                        default='cuda' if torch.cuda.is_available() else 'cpu',
-                        help='cpu, cuda or cuda:N (default: cuda if there is one)')
+    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu',
+                        type=device, help='cpu, cuda or cuda:N (default: cuda if there is one)')
 
 
 def exit_on_error(main, *args):

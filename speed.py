@@ -32,8 +32,8 @@ def document_attention(module, query, key, value, attention_mask, dropout=0.0, s
     most as long as the encoder's positions, which bounds it without a host sync."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     if cu_seq_lens_q is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     longest = min(query.shape[2], module.config.max_position_embeddings)
     q, k, v = (torch.nested.nested_tensor_from_jagged(  # (1, heads, T, d) -> (docs, heads, n, d)
         x[0].transpose(0, 1), cu_seq_lens_q, min_seqlen=1, max_seqlen=longest

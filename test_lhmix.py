@@ -635,8 +635,7 @@ def test_misuse_ends_in_one_line_naming_the_fix(monkeypatch):
     for lam in ([0.0, 1.0], [1.0, 0.5]):  # the ends of [0, 1] are ratios
         assert torch.equal(model(**b, partner=pair, lam=torch.tensor(lam))[1], torch.tensor(lam))
     monkeypatch.setattr(model, 'encode', lambda *a, **k: pytest.fail('the encoder ran'))
-    one = ('Mixup takes `partner` and one ratio: give it either `lam` (vanilla Mixup) or '
-           '`hierarchy_ids` (LH-Mix)')
+    one = 'Mixup takes `partner` and either `lam` (vanilla) or `hierarchy_ids`'
     for mixing in ({'partner': pair}, {'partner': pair, 'lam': torch.ones(2), 'hierarchy_ids': ids},
                    {'lam': torch.ones(2)}, {'hierarchy_ids': ids}):
         assert error(lambda: model(**b, **mixing)) == one
@@ -650,8 +649,7 @@ def test_misuse_ends_in_one_line_naming_the_fix(monkeypatch):
         mixing = {'partner': torch.tensor([1, 0, 0] if name == 'partner' else [1, 0]), **mixing}
         shape = tuple(mixing[name].shape)
         assert error(lambda: model(**b, **mixing)) == (
-            f'{name} of shape {shape} for 2 documents: give one per document, a tensor of shape '
-            '(B,)')
+            f'{name} of shape {shape} for 2 documents: give (2,)')
     assert error(lambda: lhmix.make_batch(model, docs, [['Sci'], [1]]), TypeError) == (
         "label 'Sci': give label ids, not names (hierarchy.index[name])")
     for labels in ([[0]], [[0], [1], [2]]):
@@ -668,8 +666,7 @@ def test_misuse_ends_in_one_line_naming_the_fix(monkeypatch):
     assert lhmix.LHMix(mlm, model.hierarchy, len(tok), model.special, 10).text_budget(10) == 1
     for n in (9, 513):
         assert error(lambda: lhmix.LHMix(mlm, model.hierarchy, len(tok), model.special, n)) == (
-            f'max_length {n} leaves {n - 9} text tokens (at most 512 positions): give a '
-            'max_length from 10 to 512')
+            f'max_length {n} leaves {n - 9} text tokens (at most 512 positions): give 10 to 512')
 
 
 def test_labels_whose_names_have_no_word_piece_are_named_in_one_warning_with_the_cause():
@@ -682,12 +679,11 @@ def test_labels_whose_names_have_no_word_piece_are_named_in_one_warning_with_the
         tiny_model(lhmix.Hierarchy(PARENTS))
 
     def warned(causes):
-        return ('labels whose names give no word-piece but [UNK], so that they start alike and '
-                f'are alike in local hierarchies: {causes}; rename them (train.py: label_names.tsv '
-                'in the data folder; the API: Hierarchy(parents, names)) or take a model whose '
-                'vocabulary has their words (train.py --model)')
+        return ('labels whose names give only [UNK] start alike and are alike in local '
+                f'hierarchies: {causes}; rename them (label_names.tsv in the data folder; '
+                'Hierarchy(parents, names)) or take a model with their words (--model)')
     empty = 'its name holds no word'
-    unknown = "the tokenizer's vocabulary has none of its name's words"
+    unknown = "the vocabulary has none of its name's words"
     for parents, named, message in (
             ({'Sci': None, 'ML/': None, 'Sci/___': 'Sci', 'Sci/rock_&_roll': 'Sci'},
              ['ML/', 'Sci/___'], warned({'ML/': empty, 'Sci/___': empty})),

@@ -65,8 +65,8 @@ CONTROL = ('out', 'device', 'resume', 'overwrite', 'no_cuda_graphs')  # Not the 
 def parse(argv=None):
     """Return the arguments, and those that the command line gave. A setting not given is DEMO's
     with --data demo, TINY's with --model tiny, else DEFAULTS'; each number is checked (VALID)."""
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 
     def flag(name, help, **kw):  # A setting's help ends with its range and defaults.
         key = name[2:].replace('-', '_')
@@ -77,8 +77,7 @@ def parse(argv=None):
     flag('--data', 'wos, nyt, rcv1, a folder, or demo (synthetic; --model tiny --epochs 12)',
          required=True)
     flag('--data-dir', 'the folder of wos, nyt or rcv1 (default: data/NAME)')
-    flag('--model', 'a masked LM, hub id or folder; tiny: a 2-layer BERT of the data, fast on a '
-         'CPU, with defaults of its own')
+    flag('--model', 'a masked LM, hub id or folder; tiny: a 2-layer BERT of the data, for a CPU')
     flag('--arch', "the paper's prompt, or Table 3's flat BERT (HGCLR's linear head on [CLS], "
          'BCE)', choices=['prompt', 'bert'])
     flag('--mix', 'Table 3: LH-Mix, vanilla Mixup, or none', choices=['lhmix', 'mixup', 'none'])
@@ -127,10 +126,10 @@ def prepare(args, given, folder):
         saved = last['args']
         state = {k: last[k] for k in state}
         for k in [k for k in given if k in saved and k != 'epochs' and given[k] != saved[k]]:
-            print(f'--resume: the run keeps its saved --{k.replace("_", "-")} {saved[k]} '
+            print(f'--resume: the run keeps its --{k.replace("_", "-")} {saved[k]} '
                   f'(not {given[k]})', file=sys.stderr)
-        args = argparse.Namespace(**{**vars(args), **saved,
-                                     'epochs': given.get('epochs', saved['epochs'])})
+        args = argparse.Namespace(
+            **{**vars(args), **saved, 'epochs': given.get('epochs', saved['epochs'])})
     torch.manual_seed(args.seed)
     hierarchy, splits = data.load_data(args.data, args.data_dir)
     meta = {'args': {k: v for k, v in vars(args).items() if k not in CONTROL},
@@ -289,7 +288,7 @@ def train(args, given):
             test(run, started)
         except KeyboardInterrupt:
             sys.exit('interrupted: continue with --resume' if folder.saved else
-                     'interrupted before the first epoch was saved; nothing of it is kept')
+                     'interrupted before the first epoch was saved; nothing is kept')
 
 
 def main(argv=None):

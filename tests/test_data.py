@@ -291,9 +291,8 @@ def test_wos_download(tmp_path, site, monkeypatch, urls, failures):
     Site.archive = zip_bytes({'Meta-data/Other.xlsx': b'x'})
     why = '; '.join(f'{site}{u}: {f}' for u, f in zip(urls, failures))
     assert error(lambda: data.load_wos(str(folder))) == (
-        f'WOS is not in {folder} and could not be downloaded ({why}); put WebOfScience.zip from '
-        'one of these, or Data.txt or Data.xlsx from its Meta-data/, in '
-        f'{folder} (or pass --data-dir)')
+        f'WOS is not in {folder} and could not be downloaded ({why}); put WebOfScience.zip or '
+        'its Data.txt or Data.xlsx there (or --data-dir)')
     assert not folder.exists()
 
 
@@ -417,13 +416,14 @@ GOOD = json.dumps({'token': 'x', 'label': ['GCAT']})
     # a Latin-1 'é' in line n of the file
     ('toy_train.json', 3, ': not UTF-8'), ('toy.taxonomy', 2, ': not UTF-8'),
     ('label_names.tsv', 2, ': not UTF-8'),
-    ('rcv1.topics.hier.orig', ['parent: Root child: CCAT'], ':1: expected parent: CODE child:'),
+    ('rcv1.topics.hier.orig', ['parent: Root child: CCAT'], ':1: expected parent: P child: C '
+     'child-description: TEXT'),
     # HPT's WOS folder: label ids, value_dict.pt
     ('WebOfScience_train.json', ['{"token": "x", "label": [1, 9]}'],
      ':1: label 9 is neither a label of {f}/wos.taxnomy nor an id in {f}/value_dict.pt'),
     ('value_dict.pt', {0: 'CS', 1: 'Medical', 2: 'Deep learning', 3: 'HIV/AIDS'},
      ": id 2 ('Deep learning') names no label of {f}/wos.taxnomy"),
-    *[('value_dict.pt', bad, ': not a torch file of {{label id (int): name (str)}}')
+    *[('value_dict.pt', bad, ": not HPT's torch file of {{label id (int): name (str)}}")
       for bad in (['not a torch file'], {'0': 'CS'})],
 ])
 def test_load_hiagm_errors_name_file_and_line(tmp_path, name, lines, message):

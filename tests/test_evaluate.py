@@ -172,9 +172,9 @@ def other_labels(tmp_path_factory):
 @pytest.mark.parametrize('argv, message', [
     *[(['--ckpt', '{c}', '--data', 'demo', flag, path], f'{flag} {path}: {why}')
       for flag, path, why in [
-        ('--save-predictions', '{c}/model.safetensors', 'is inside the checkpoint folder {c}'),
-        ('--out', '{c}/e.json', 'is inside the checkpoint folder {c} being read'),
-        ('--out', '{t}/link.json', 'is inside the checkpoint folder {c} being read'),
+        ('--save-predictions', '{c}/model.safetensors', 'is inside the checkpoint {c}'),
+        ('--out', '{c}/e.json', 'is inside the checkpoint {c} being read'),
+        ('--out', '{t}/link.json', 'is inside the checkpoint {c} being read'),
         ('--out', '{t}/notes.txt', 'exists and is not an earlier --out file'),
         ('--out', '{t}/p.jsonl', 'exists and is not an earlier --out file'),
         ('--save-predictions', '{t}/notes.txt', 'exists and is not an earlier --save-predictions'),
@@ -184,14 +184,13 @@ def other_labels(tmp_path_factory):
         ('--out', '{r}/metrics.jsonl/e.json', '{r}/metrics.jsonl is a file, not a folder')]],
     *[(['--ckpt', '{c}', '--texts', '{t}/notes.txt', '--save-predictions', path],
        f'--save-predictions {path}: {why}') for path, why in [
-        ('{c}/p.jsonl', 'is inside the checkpoint folder {c} being read'),
+        ('{c}/p.jsonl', 'is inside the checkpoint {c} being read'),
         ('{t}/e.json', 'exists and is not an earlier --save-predictions file'),
         ('{r}/metrics.jsonl', "is a train.py run's own file")]],
     (['--ckpt', '{c}', '--data', 'demo', '--out', '{t}'], '{t}: Is a directory'),
     (['--ckpt', '{r}', '--data', 'demo'], '{r}: a run, not a checkpoint: pass {r}/best'),
     (['--ckpt', '{c}/model.safetensors', '--data', 'demo'], '{c}/model.safetensors: a file, not a '
-     'checkpoint: a checkpoint is a folder holding tokenizer.json, tokenizer_config.json, '
-     "config.json, model.safetensors, such as a run's best/"),
+     "checkpoint folder (such as a run's best/)"),
     (['--ckpt', '{c}', '--texts', '{t}'], '{t}: Is a directory'),
     (['--ckpt', '{c}', '--texts', '{t}/no.txt'], '{t}/no.txt: No such file or directory'),
     (['--ckpt', '{k}', '--data', 'demo'], '{k}: its labels differ from those of the data'),
@@ -220,7 +219,7 @@ def test_mistakes_end_in_one_error_line(run, other_labels, tmp_path, monkeypatch
     (['--data', 'demo', '--out', 'x', '--save-predictions', './x'],
      '--out and --save-predictions name one file: x'),
     (['--texts', '-', '--out', 'x'],
-     '--out (F1 figures) needs --data: texts have no gold labels to score against'),
+     '--out (F1 figures) needs --data: texts have no gold labels'),
     (['--data', 'demo', '--device', 'gpu'], 'argument --device: gpu: only ' + (
         'cpu, cuda or cuda:N' if torch.cuda.is_available() else 'cpu (no CUDA GPU here)')),
 ])

@@ -125,7 +125,8 @@ TERMS = {
         ('the slot states of a training step', 'lhmix.py training_loss',
          'model.slots(hidden, starts)'),
         ('the verbalizer', 'lhmix.py LHMix.score', 'self.transform(slot_hidden) @ verbalizer'),
-        ('prediction at each depth', 'lhmix.py Classifier.label_scores', 'masked_fill(~self.valid')],
+        ('prediction at each depth', 'lhmix.py Classifier.label_scores',
+         'masked_fill(~self.valid')],
     'Eq. 2': [
         ('the loss over V^d', 'lhmix.py LHMix.loss', 'zmlce(scores, targets, self.valid)'),
         ('V_pos and V_neg', 'lhmix.py plain_zmlce', 'pos = targets.bool()'),

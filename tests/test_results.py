@@ -113,6 +113,44 @@ def test_results_md_matches_the_tools_that_printed_it():
     assert not problems, '\n'.join(problems)
 
 
+def first_screen():
+    """The README's text before its first section, and its bullets' texts, each on one line."""
+    text = open(os.path.join(ROOT, 'README.md'), encoding='utf-8').read()
+    text = text[:text.index('\n## ')]
+    return text, [' '.join(b.split()) for b in re.findall(r'(?m)^- (.*(?:\n  .*)*)', text)]
+
+
+def claims_cells():
+    """{verdict: the cells of RESULTS.md's claims tables with that verdict}: 'DIFFERENCE [LOW,
+    HIGH] VERDICT' (held to the records by the test above)."""
+    text = open(os.path.join(ROOT, 'RESULTS.md'), encoding='utf-8').read()
+    cells = {}
+    for cell in re.findall(r'\| ([-+][\d.]+ \[[-+][\d.]+, [-+][\d.]+\] [a-z ()]+?) (?=\|)', text):
+        verdict = re.search(r'\] (supported|contradicted|inconclusive)', cell)[1]
+        cells.setdefault(verdict, []).append(cell)
+    return cells
+
+
+def test_the_readmes_first_screen_says_what_the_claims_tables_say():
+    """At most 6 bullets of at most 40 words, no other sentence over 45 words, and the claims
+    figure; each number of a bullet that names a verdict (Supported, Contradicted, Inconclusive)
+    stands in a cell of RESULTS.md's claims tables with that verdict, so that a claim moved to
+    another verdict by the records is caught here."""
+    text, bullets = first_screen()
+    cells = claims_cells()
+    assert 0 < len(bullets) <= 6 and all(len(b.split()) <= 40 for b in bullets), bullets
+    prose = re.sub(r'(?m)^- .*(?:\n  .*)*', '', text)
+    sentences = re.split(r'(?<=[.)])\s+(?=[A-Z*\[(])', ' '.join(prose.split()))
+    assert max(len(s.split()) for s in sentences) <= 45
+    assert '](results/figures/claims.svg)' in text and 'on DebTags with MiniLM' in ''.join(
+        b for b in bullets if b.startswith('**Contradicted**'))
+    for bullet in bullets:
+        verdict = re.match(r'\*\*(\w+)\*\*', bullet)[1].lower()
+        for number in re.findall(r'(?<![\w.])[-+]\d+\.\d\d\b', bullet):
+            assert any(re.search(rf'(?<![\d.]){re.escape(number)}(?!\d)', c)
+                       for c in cells[verdict]), (verdict, number, bullet)
+
+
 def test_every_recorded_run_started_from_the_same_label_embeddings():
     """One setting for all the records: each Prompt run's relatives.json holds the same shares at
     initialisation. A run made without the setting's label_names.tsv starts elsewhere (its label

@@ -120,10 +120,9 @@ def test_a_label_named_by_no_word_piece_is_named_in_one_warning_and_the_run_trai
         train.main(['--data', str(folder), '--model', 'tiny', '--device', 'cpu', '--epochs', '1',
                     '--warmup-epochs', '0', '--out', str(tmp_path / 'run')])
     assert [str(w.message) for w in caught if w.filename == lhmix.__file__] == [
-        'labels whose names give no word-piece but [UNK], so that they start alike and are alike '
-        "in local hierarchies: {'x/___': 'its name holds no word'}; rename them (train.py: "
-        'label_names.tsv in the data folder; the API: Hierarchy(parents, names)) or take a model '
-        'whose vocabulary has their words (train.py --model)']
+        'labels whose names give only [UNK] start alike and are alike in local hierarchies: '
+        "{'x/___': 'its name holds no word'}; rename them (label_names.tsv in the data folder; "
+        'Hierarchy(parents, names)) or take a model with their words (--model)']
     assert len(read_metrics(tmp_path / 'run')) == 1 and is_whole_run(tmp_path / 'run')
 
 
@@ -373,9 +372,9 @@ def test_resume_keeps_the_runs_epochs_and_arguments_and_says_so(base_run, tmp_pa
     train.main(['--data', 'demo', '--model', 'bert-base-uncased', '--lr', '0.5', '--device', 'cpu',
                 '--data-dir', str(tmp_path), '--out', str(out) + '/', '--resume'])
     err = capsys.readouterr().err
-    assert '--resume: the run keeps its saved --model tiny (not bert-base-uncased)' in err
-    assert '--resume: the run keeps its saved --lr 0.001 (not 0.5)' in err
-    assert f'--resume: the run keeps its saved --data-dir None (not {tmp_path})' in err
+    assert '--resume: the run keeps its --model tiny (not bert-base-uncased)' in err
+    assert '--resume: the run keeps its --lr 0.001 (not 0.5)' in err
+    assert f'--resume: the run keeps its --data-dir None (not {tmp_path})' in err
     assert results(out) == results(done)
     before = tree_state(out)  # a finished run resumed: said, nothing changed
     resume(out)
@@ -432,8 +431,8 @@ OTHER = 'is not a file train.py writes; move it away, or choose another --out'
     ('under a file', [], '--out {out}: {tmp}/out is a file, not a folder'),
     ('dangling link', [], '--out {out}: a symbolic link to nothing ({tmp}/gone)'),
     ('nothing', ['--resume'], '--resume: {out} holds no run to continue'),
-    ('run/e.json', [], '--out {out}: holds an earlier run; continue it with --resume, replace it '
-     'with --overwrite, or choose another --out'),
+    ('run/e.json', [], '--out {out}: holds an earlier run: continue it (--resume), replace it '
+     '(--overwrite) or choose another --out'),
     ('run/e.json', ['--overwrite'], '--out {out}: {out}/e.json ' + OTHER),
     ('run/last/notes.txt', ['--overwrite'], '--out {out}: {out}/last/notes.txt ' + OTHER),
     ('the repository', ['--overwrite'], '--out {out}: {out}/.'),  # .ci, .git, ...
@@ -444,17 +443,17 @@ OTHER = 'is not a file train.py writes; move it away, or choose another --out'
                                                                      ['--overwrite'])],
     ('a link in .new', ['--resume'], '--out {out}: {out}/.new/best ' + OTHER),  # a whole epoch's
     # best/ would move through it, a part's be deleted through it
-    ('.new, linked out', [], '--out {out}: {out}/.new is a symbolic link (to {tmp}/keep); '
-     'train.py neither writes nor deletes through links in a run folder'),
-    ('saved no epoch', [], '--out {out}: holds a train.py run that saved no epoch or is damaged '
+    ('.new, linked out', [], '--out {out}: {out}/.new is a symbolic link (to {tmp}/keep), which '
+     'train.py does not follow'),
+    ('saved no epoch', [], '--out {out}: holds a run that saved no epoch or is damaged '
      "(FileNotFoundError: [Errno 2] No such file or directory: '{out}/last/model.safetensors'); "
      'replace it with --overwrite, or choose another --out'),
     ('saved no epoch', ['--resume'], '--resume: {out} holds no run to continue'),
-    *[('locked', flags, '--out {out}: another train.py is using this folder; let it end, or '
+    *[('locked', flags, '--out {out}: another train.py is using it; let it end, or '
        'choose another --out') for flags in ([], ['--resume'], ['--overwrite'])],
     *[('best/ moved out, linked back', flags, '--out {out}: {out}/best is a symbolic link (to '
-       '{tmp}/keep/mybest); train.py neither writes nor deletes through links in a run folder: '
-       'put what it names in its place, or choose another --out')
+       '{tmp}/keep/mybest), which train.py does not follow: put what it names in its place, or '
+       'choose another --out')
       for flags in ([], ['--resume'], ['--overwrite'])],
 ])
 def test_out_refused_before_computing_anything(base_run, tmp_path, monkeypatch, kind, flags,
@@ -616,7 +615,7 @@ def test_overwrite_replaces_a_damaged_run_saying_what_was_damaged(base_run, tmp_
     out = shutil.copytree(base_run[1], tmp_path / 'run')
     os.truncate(out / 'last' / runs.WEIGHTS, 100)
     before = tree_state(out)
-    assert 'holds a train.py run that saved no epoch or is damaged (SafetensorError' in error_of(
+    assert 'holds a run that saved no epoch or is damaged (SafetensorError' in error_of(
         lambda: train.main(FAST + ['--out', str(out)]))
     assert tree_state(out) == before
     train.main(FAST + ['--epochs', '1', '--out', str(out), '--overwrite'])
@@ -680,10 +679,10 @@ def test_two_runs_started_at_once_on_one_folder_one_trains(base_run, tmp_path):
         trained = [(s, d) for s, d in zip((1, 2), done) if 'test micro-F1' in d[1]]
         if n == 2 and not trained:
             assert [(rc, err.splitlines()[-1]) for rc, _, err in done] == [
-                (1, f'error: --out {out}: another train.py is using this folder; let it end, or '
+                (1, f'error: --out {out}: another train.py is using it; let it end, or '
                     'choose another --out'),
-                (1, f'error: --out {out}: holds an earlier run; continue it with --resume, '
-                    'replace it with --overwrite, or choose another --out')], done
+                (1, f'error: --out {out}: holds an earlier run: continue it (--resume), '
+                    'replace it (--overwrite) or choose another --out')], done
             assert tree_state(out) == before
             continue
         assert len(trained) == 1 and trained[0][1][0] == 0, done
@@ -692,10 +691,10 @@ def test_two_runs_started_at_once_on_one_folder_one_trains(base_run, tmp_path):
         # A process that starts only once the other has ended finds its run: a new run beside
         # --overwrite finds the earlier one, a second --resume the finished one.
         assert (rc, err.splitlines()[-1]) in (
-            (1, f'error: --out {out}: another train.py is using this folder; let it end, or '
+            (1, f'error: --out {out}: another train.py is using it; let it end, or '
                 'choose another --out'),
-            (1, f'error: --out {out}: holds an earlier run; continue it with --resume, replace '
-                'it with --overwrite, or choose another --out'),
+            (1, f'error: --out {out}: holds an earlier run: continue it (--resume), replace '
+                'it (--overwrite) or choose another --out'),
             (0, f'--resume: {out} is finished (2 epochs); nothing to do')), done
         assert 'epoch' not in lost
         test = json.loads((out / runs.TEST_METRICS).read_text())
@@ -789,7 +788,7 @@ def _disk_full(mp):  # as a full disk fails a write, or the fsync that flushes i
 
 @pytest.mark.parametrize('setup, fresh, resumed', [
     (lambda mp: mp.setattr(lhmix, 'make_batch', _raise(KeyboardInterrupt())),
-     'interrupted before the first epoch was saved; nothing of it is kept',
+     'interrupted before the first epoch was saved; nothing is kept',
      'interrupted: continue with --resume'),
     (lambda mp: mp.setattr(lhmix, 'make_batch', _raise(torch.OutOfMemoryError('CUDA OOM'))),
      'error: out of GPU memory; try a smaller --batch', None),
