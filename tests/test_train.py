@@ -1013,3 +1013,22 @@ def test_readme_example_trains_and_predicts_with_a_copy_of_lhmix_alone(tmp_path)
         lam = eval(line.split('lambda ')[1])
         assert len(lam) == 2 and all(0.5 <= x <= 0.75 for x in lam)
     assert len(re.findall(r'True|False', '\n'.join(lines[5:]))) == 2 * 4  # (N, V) bool
+
+
+def test_an_epoch_line_shows_training_and_dev_seconds_and_the_run_its_total(tmp_path, capsys):
+    """Each epoch line ends with the seconds of its training and of its dev scoring, which
+    metrics.jsonl keeps; the test line ends with the run's seconds in all, at least their sum."""
+    out = tmp_path / 'run'
+    train.main(FAST + ['--epochs', '2', '--out', str(out)])
+    lines = capsys.readouterr().out.splitlines()
+    epochs = [re.search(r'  ([\d.]+) s \+ dev ([\d.]+) s', line) for line in lines
+              if line.startswith('epoch ')]
+    kept = read_metrics(out)
+    assert len(epochs) == len(kept) == 2
+    for shown, line in zip(epochs, kept):
+        # shown to 0.1 s, kept to 0.01 s
+        assert abs(float(shown[1]) - line['seconds']) <= 0.06
+        assert abs(float(shown[2]) - line['dev_seconds']) <= 0.06
+        assert line['dev_seconds'] > 0
+    total = int(re.search(r'; (\d+) s in all\)$', lines[-1])[1])
+    assert total >= int(sum(m['seconds'] + m['dev_seconds'] for m in kept))
