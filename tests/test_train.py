@@ -1032,3 +1032,22 @@ def test_an_epoch_line_shows_training_and_dev_seconds_and_the_run_its_total(tmp_
         assert line['dev_seconds'] > 0
     total = int(re.search(r'; (\d+) s in all\)$', lines[-1])[1])
     assert total >= int(sum(m['seconds'] + m['dev_seconds'] for m in kept))
+
+
+def test_a_runs_record_says_where_it_came_from(run):
+    """test_metrics.json's provenance: this checkout's commit (git's own answer, None outside
+    git) and whether its tracked files had changes, the versions, no GPU on a CPU, and the
+    digests of the whole data as loaded, not of the --train-fraction part it trained on."""
+    import platform
+    import transformers
+    with open(run / runs.TEST_METRICS) as f:
+        p = json.load(f)['provenance']
+    git = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=ROOT, capture_output=True, text=True)
+    commit = git.stdout.strip() if git.returncode == 0 else None
+    changes = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'], cwd=ROOT,
+                             capture_output=True, text=True).stdout if commit else None
+    assert p == {'commit': commit, 'dirty': None if commit is None else changes != '',
+                 'python': platform.python_version(), 'torch': torch.__version__,
+                 'transformers': transformers.__version__, 'cuda': torch.version.cuda,
+                 'gpu': None, 'data': runs.digest(*data.load_demo())}
+    assert json.loads((run / runs.TEST_METRICS).read_text())['args']['train_fraction'] < 1
