@@ -727,3 +727,19 @@ def test_import_and_a_model_register_nothing_and_leave_the_environment():
     p = subprocess.run([sys.executable, '-c', IMPORT], cwd=here, capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
+
+
+def test_mlm_random_replacements_draw_every_word_of_a_short_batch():
+    """The 10% random replacements draw uniformly from all the batch's text word-pieces, the
+    last one included: one text [10, 11, 12], every position chosen (rate 1), 3,000 batches.
+    At the first position (gold 10) word w stands with probability 0.1 * [w == 10] (kept)
+    + 0.1 / 3 (drawn); 5 binomial sds."""
+    rng, n = np.random.default_rng(0), 3000
+    seen = np.zeros(13, int)
+    for _ in range(n):
+        ids = torch.tensor([[2, 10, 11, 12, 3]])
+        pos, gold = lhmix.mask_tokens(ids, [1], [np.array([10, 11, 12])], rng, 1.0, 4)
+        assert pos.tolist() == [1, 2, 3] and gold.tolist() == [10, 11, 12]
+        seen[ids[0, 1].item()] += 1
+    for w, p in ((10, 0.1 + 0.1 / 3), (11, 0.1 / 3), (12, 0.1 / 3), (4, 0.8)):
+        assert abs(seen[w] - p * n) < 5 * math.sqrt(n * p * (1 - p)), (w, seen[w], p * n)

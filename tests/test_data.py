@@ -234,6 +234,9 @@ def bad_field(lines):  # line 4: the abstract is missing
 
 @pytest.mark.parametrize('edit, message', [
     (bad_field, ':4: expected 7 tab-separated fields with a Domain and an area, found 6'),
+    # a tab inside the abstract: 8 fields, as many a mistake as 6
+    (lambda ls: ls[:3] + [ls[3] + '\tmore'] + ls[4:], ':4: expected 7 tab-separated fields with a '
+     'Domain and an area, found 8'),
     (lambda ls: bad_field(ls)[:2] + [''] + bad_field(ls)[2:], ':5: expected 7'),  # blanks count
     (lambda ls: ls[:1], ': 0 rows leave a split empty'),
     (lambda ls: ls[:3], ': 2 rows leave a split empty'),  # test 1, dev 1 of the other 1
@@ -482,3 +485,17 @@ def test_a_pretrained_model_must_bring_its_config_tokenizer_and_encoder(tmp_path
         (tmp_path / 'encoder' / name).unlink(missing_ok=True)
     assert error(lambda: data.load_pretrained(str(tmp_path / 'encoder'))) == \
         f"model '{tmp_path / 'encoder'}': the folder holds no tokenizer.json or vocab.txt"
+
+
+def test_an_id_shared_by_a_top_level_label_and_a_deeper_one_on_its_own_is_the_top_level_one(
+        tmp_path):
+    """NYT: 'Features' names both Top/Features (under the taxonomy's Root) and Top/News/Features.
+    Documents with id 1 and not 'News' (id 0) beside it hold the top-level label: its parent,
+    Root, needs no name on the document."""
+    folder = write_hpt_folder(tmp_path / 'nyt', [
+        'nyt.taxonomy', 'Root\tTop/News\tTop/Features', 'Top/News\tTop/News/Features'],
+        ['News', 'Features'], {'train': [('a', [1]), ('b', [1])], 'dev': [('c', [1])],
+                               'test': [('d', [0])]})
+    h, splits = data.load_hiagm(str(folder))
+    assert h.labels == ['Top/News', 'Top/Features', 'Top/News/Features']
+    assert splits == {'train': [('a', [1]), ('b', [1])], 'dev': [('c', [1])], 'test': [('d', [0])]}

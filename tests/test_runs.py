@@ -218,3 +218,26 @@ def test_the_digests_that_resume_checks_and_a_record_keeps_cover_labels_names_an
             ('dev', runs.digest(lhmix.Hierarchy(tree), {**splits, 'dev': [('c', [0])]})),
             ('test', runs.digest(lhmix.Hierarchy(tree), {**splits, 'test': [('d e', [0, 2])]}))):
         assert {k for k in base if base[k] != digest[k]} == {moved}
+
+
+def test_provenance_dirty_means_changed_tracked_files_and_none_without_git(tmp_path, monkeypatch):
+    """A stand-in git on PATH answers as a checkout would: 'dirty' is whether `git status`
+    lists changes of tracked files (an untracked file alone leaves it clean); without git,
+    commit and dirty are None."""
+    git = tmp_path / 'bin' / 'git'
+    git.parent.mkdir()
+    git.write_text('#!/bin/sh\ncase "$*" in\n'
+                   '  "rev-parse HEAD") echo 0123abc;;\n'
+                   '  "status --porcelain --untracked-files=no") printf "$TRACKED";;\n'
+                   '  "status --porcelain") printf "$TRACKED?? new.txt\\n";;\n'
+                   '  *) exit 2;;\nesac\n')
+    git.chmod(0o755)
+    monkeypatch.setenv('PATH', str(git.parent))
+    cpu = torch.device('cpu')
+    for tracked, dirty in (('', False), (' M lhmix.py\\n', True)):
+        monkeypatch.setenv('TRACKED', tracked)
+        p = runs.provenance(cpu, {'train': 'x'})
+        assert (p['commit'], p['dirty'], p['gpu'], p['data']) == ('0123abc', dirty, None,
+                                                                  {'train': 'x'})
+    monkeypatch.setenv('PATH', str(tmp_path))  # no git there
+    assert (runs.provenance(cpu, {})['commit'], runs.provenance(cpu, {})['dirty']) == (None, None)

@@ -186,3 +186,36 @@ def test_train_batches_each_document_once_per_epoch(n, batch):
         bucketed, shuffled = (sum(lengths[i].max() * len(i) - lengths[i].sum() for i, _ in
                                   speed.train_batches(lengths, batch, rng, mix)) for mix in (0, 1))
         assert bucketed < 0.2 * shuffled
+
+
+def test_a_packed_row_a_multiple_of_128_long_still_ends_in_a_padding_document():
+    """100 + 28 = 128 tokens: the row is 256 long, so that at least one padding token, a document
+    of its own, ends it (cu_seq_lens_q: 0, 100, 128, 256)."""
+    b = speed.pack_row([np.arange(1, 101), np.arange(1, 29)], 0, 16)
+    assert b['input_ids'].shape == (1, 256) and (b['input_ids'][0, 128:] == 0).all()
+    assert b['cu_seq_lens_q'].tolist() == [0, 100, 128, 256] and b['starts'].tolist() == [0, 100]
+
+
+@pytest.mark.parametrize('n, want', [(100, 256), (300, 512)])
+def test_masked_positions_padded_for_graphs_count_by_hand(n, want):
+    """800 cells at 0.15: 120 + 8 sqrt(800 * 0.15 * 0.85) + 1 = 201.8, up to 256 (6 sds would give
+    192); 300 positions, past that count, are padded to its next multiple, 512."""
+    batch = {'input_ids': torch.zeros(4, 200, dtype=torch.long),
+             'mlm_pos': torch.arange(1, n + 1), 'mlm_labels': torch.arange(1, n + 1)}
+    speed.pad_for_graphs(batch, 0.15)
+    assert len(batch['mlm_pos']) == len(batch['mlm_labels']) == want
+    assert batch['mlm_pos'].tolist() == [*range(1, n + 1)] + [0] * (want - n)
+    assert batch['mlm_labels'].tolist() == [*range(1, n + 1)] + [-100] * (want - n)
+
+
+def test_length_bucketed_batches_come_in_a_random_order():
+    """Without Mixup, the batches are cut from length-sorted chunks but then shuffled: over 20
+    epochs of 40 batches, the shortest batch is not always first, and the batch lengths in the
+    order given are not sorted."""
+    lengths, rng, first = _wos_lengths(), np.random.default_rng(0), []
+    for _ in range(20):
+        batches = speed.train_batches(lengths, 16, rng, mixing=False)
+        means = [lengths[idx].mean() for idx, _ in batches]
+        assert len(batches) == 40 and means != sorted(means)
+        first.append(int(np.argmin(means)))
+    assert len(set(first)) > 1

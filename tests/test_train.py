@@ -1051,3 +1051,16 @@ def test_a_runs_record_says_where_it_came_from(run):
                  'transformers': transformers.__version__, 'cuda': torch.version.cuda,
                  'gpu': None, 'data': runs.digest(*data.load_demo())}
     assert json.loads((run / runs.TEST_METRICS).read_text())['args']['train_fraction'] < 1
+
+
+@pytest.mark.parametrize('flags, key, want', [
+    (['--warmup-epochs', '0'], 'warmup_epochs', 0), (['--beta', '0.5'], 'beta', 0.5),
+    (['--beta', '1'], 'beta', 1.0), (['--train-fraction', '1'], 'train_fraction', 1.0),
+    (['--seed', '0'], 'seed', 0), (['--seed', str(2**32 - 1)], 'seed', 2**32 - 1),
+    (['--epochs', '1'], 'epochs', 1), (['--early-stop', '1'], 'early_stop', 1),
+    (['--batch', '1'], 'batch', 1), (['--lr', '1e-300'], 'lr', 1e-300)])
+def test_each_range_takes_the_edges_it_includes(flags, key, want):
+    """The closed ends of VALID's ranges, as -h shows them (>= 0, in [0.5, 1], in (0, 1],
+    in [0, 2^32), >= 1, > 0), are taken as given."""
+    args, given = train.parse(['--data', 'demo', *flags])
+    assert getattr(args, key) == given[key] == want
