@@ -127,12 +127,13 @@ def use_cuda_graphs(device, eager=False):
     """Whether train.py's steps run from CUDA graphs on `device`: where they can, unless `eager`.
     On a GPU where they cannot, it says why: fp16 (no bf16) needs a loss scaler, which syncs, and
     so does transformers 4's encoder."""
-    why_not = device.type == 'cuda' and not eager and (
-        not torch.cuda.is_bf16_supported() and 'no bf16 on this GPU' or not TRANSFORMERS_5
-        and 'transformers 4 syncs inside the encoder')
+    if device.type != 'cuda' or eager:
+        return False
+    why_not = ('no bf16 on this GPU' if not torch.cuda.is_bf16_supported() else
+               None if TRANSFORMERS_5 else 'transformers 4 syncs inside the encoder')
     if why_not:
         print(f'CUDA graphs off: {why_not}', file=sys.stderr)
-    return device.type == 'cuda' and not eager and not why_not
+    return why_not is None
 
 
 class CUDAGraphs:

@@ -213,15 +213,16 @@ def evaluate_dev(run, epoch, loss, lam, seconds):
     t0 = time.time()
     dev = evaluate.f1_scores(lhmix.score_documents(run.model, run.tokens['dev']) > 0,
                              run.gold['dev'], len(run.model.hierarchy))
+    dev_seconds = time.time() - t0
     line = {'epoch': epoch, 'mix': lam is not None, 'train_loss': loss,
             'dev_micro_f1': dev['micro_f1'], 'dev_macro_f1': dev['macro_f1'],
-            'seconds': round(seconds, 2), 'dev_seconds': round(time.time() - t0, 2)}
+            'seconds': round(seconds, 2), 'dev_seconds': round(dev_seconds, 2)}
     if lam is not None:
         q = [0, 5, 25, 50, 75, 95, 100]
         line['lambda'] = {'mean': float(lam.mean()), 'quantiles': dict(
             zip(map(str, q), np.quantile(lam, np.array(q) / 100).tolist()))}
     tqdm.write(f"epoch {epoch:3d}  loss {loss:.4f}  dev micro-F1 {100 * dev['micro_f1']:.2f}  "
-               f"macro-F1 {100 * dev['macro_f1']:.2f}  {seconds:.1f} s + dev {time.time() - t0:.1f}"
+               f"macro-F1 {100 * dev['macro_f1']:.2f}  {seconds:.1f} s + dev {dev_seconds:.1f}"
                ' s' + (f'  mixup, mean lambda {lam.mean():.3f}' if lam is not None else ''))
     return line
 
@@ -265,7 +266,7 @@ def test(run, started):
                                 run.gold['test'], best.hierarchy, run.train_labels),
               'best_epoch': meta['epoch'], 'checkpoint': os.path.join(run.args.out, 'best'),
               'args': run.meta['args'],
-              'provenance': runs.provenance(run.args.device, meta['data'])}
+              'provenance': runs.provenance(run.args.device, run.meta['data'])}
     runs.write_whole(os.path.join(run.folder.path, runs.TEST_METRICS), json.dumps(result, indent=1))
     print(f"test micro-F1 {100 * result['micro_f1']:.2f}  macro-F1 {100 * result['macro_f1']:.2f}"
           f"  (best dev epoch {meta['epoch']}, {run.args.out}; {time.time() - started:.0f} s in "
