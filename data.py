@@ -130,10 +130,14 @@ def _download_wos(path):
                 blob, kind = r.read(), r.headers.get_content_type()
             if _data_xlsx(blob) is None:
                 raise ValueError(f'not a zip holding Meta-data/Data.xlsx ({kind})')
-            # Written beside, then renamed: a kill leaves no part of a zip under its name.
+            # Written beside, then renamed: a kill leaves no part of a zip under its name, and a
+            # failed write (a full disk) leaves no part beside it.
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            Path(path + '.part').write_bytes(blob)
-            return os.replace(path + '.part', path)
+            try:
+                Path(path + '.part').write_bytes(blob)
+                return os.replace(path + '.part', path)
+            finally:
+                Path(path + '.part').unlink(missing_ok=True)
         except (OSError, ValueError, http.client.HTTPException) as e:
             failed.append(f'{url}: {e}')
     folder = os.path.dirname(path)
