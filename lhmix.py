@@ -2,7 +2,7 @@
 be copied alone. Sec. 3, then Sec. 4 (Eqs. 1-7), then what is not LH-Mix: Table 3's flat BERT,
 feeding the model, ZMLCE fused in Triton (Eqs. 2, 8). speed.py, beside it, makes GPU steps fast.
 
-The API, in order: Hierarchy (the label tree, Sec. 3.1); template (the prompt, Sec. 3.2);
+The API (__all__), in order: Hierarchy (the label tree, Sec. 3.1); template (the prompt, Sec. 3.2);
 Classifier, LHMix (the prompt-tuned masked LM: model(**batch) -> (loss, lambda)), build_model;
 zmlce, plain_zmlce, FusedZMLCE (Eq. 2); local_hierarchy_ids, local_hierarchy_table,
 use_local_hierarchies (Sec. 4.1); hierarchy_similarity, mixup_ratio, mix_hidden (Eqs. 3-5);
@@ -23,6 +23,12 @@ try:
     import triton.language as tl
 except ImportError:  # Without Triton, ZMLCE runs as plain torch operations everywhere.
     triton = None
+
+__all__ = ['Hierarchy', 'template', 'Classifier', 'LHMix', 'build_model', 'zmlce', 'plain_zmlce',
+           'FusedZMLCE', 'local_hierarchy_ids', 'local_hierarchy_table', 'use_local_hierarchies',
+           'hierarchy_similarity', 'mixup_ratio', 'mix_hidden', 'vanilla_mixup_ratio',
+           'training_loss', 'FlatBERT', 'ARCHS', 'tokenize', 'pad_rows', 'make_batch',
+           'mask_tokens', 'autocast', 'score_documents']
 
 # Sec. 3: the label tree, the hierarchical prompt, the verbalizer (Eq. 1) and ZMLCE (Eq. 2)
 
@@ -81,21 +87,22 @@ def template(num_depths, cls_id, sep_id, depth_ids, slot_id):
 class Classifier(nn.Module):
     """LHMix's and FlatBERT's frame: the encoder reads `prefix text [SEP]`; slot d's state scores
     row d of `valid`. A subclass gives make_head, score, loss, `arch` (its checkpoints' name),
-    `mlm_term` (trained with HPT's MLM term) and `depth_ids` (local hierarchies' depth tokens)."""
+    `mlm_term` (trained with HPT's MLM term) and `depth_ids` (local hierarchies' depth tokens).
+    Both mix by LH-Mix (Table 3's BERT + LH-Mix), so the local hierarchies' table is here."""
 
     def __init__(self, mlm, hierarchy, base_vocab, special, max_length=512):
         super().__init__()
         self.mlm, self.hierarchy, self.base_vocab = mlm, hierarchy, base_vocab
         self.special, self.max_length = special, max_length  # special: cls, sep, pad, mask ids
-        self.prefix, valid = self.make_head()
+        self.prefix, slot_id, valid = self.make_head()
         self.register_buffer('valid', valid, persistent=False)
-        slots = [i for i, t in enumerate(self.prefix) if t == self.slot_id]
+        slots = [i for i, t in enumerate(self.prefix) if t == slot_id]
         self.register_buffer('slot_offsets', torch.tensor(slots), persistent=False)
         n = mlm.config.max_position_embeddings
         if not 0 < self.text_budget(max_length) or max_length > n:
             raise ValueError(f'max_length {max_length} leaves {self.text_budget(max_length)} text '
                              f'tokens (at most {n} positions): give {len(self.prefix) + 2} to {n}')
-        # LH-Mix's table of encoded local hierarchies (Sec. 4.1), set by use_local_hierarchies().
+        # The encoded local hierarchies (Sec. 4.1) and Eq. 4's, set by use_local_hierarchies().
         self.register_buffer('local_hierarchies', None, persistent=False)
         self.alpha = self.beta = None
 
@@ -135,10 +142,11 @@ class LHMix(Classifier):
     arch, mlm_term = 'prompt', True
 
     def make_head(self):
-        """Return the prompt and `valid` (row d: depth d's labels, Eq. 1's V^d); add the tokens."""
-        h, D, mlm = self.hierarchy, self.hierarchy.num_depths, self.mlm
-        self.depth_ids = [self.base_vocab + len(h) + d for d in range(D)]
-        self.slot_id = self.base_vocab + len(h) + D
+        """Return the prompt, its slot token [P] and `valid` (row d: depth d's labels, Eq. 1's
+        V^d); add the tokens."""
+        tree, D, mlm = self.hierarchy, self.hierarchy.num_depths, self.mlm
+        self.depth_ids = [self.base_vocab + len(tree) + d for d in range(D)]
+        self.slot_id = self.base_vocab + len(tree) + D
         if not hasattr(mlm, 'cls'):
             raise ValueError(f'{type(mlm).__name__}: not a BERT-style masked LM (cls.predictions)')
         if mlm.get_input_embeddings().num_embeddings != self.slot_id + 1:
@@ -146,10 +154,10 @@ class LHMix(Classifier):
             mlm.resize_token_embeddings(self.slot_id + 1, mean_resizing=False)
         # The MLM head's transform (dense, activation, LayerNorm) is Eq. 1's f^d's classifier.
         self.transform = mlm.cls.predictions.transform  # Eq. 1: f^d's classifier
-        self.label_bias = nn.Parameter(torch.zeros(len(h)))
+        self.label_bias = nn.Parameter(torch.zeros(len(tree)))
         prefix = template(D, self.special['cls'], self.special['sep'], self.depth_ids, self.slot_id)
-        valid = torch.arange(1, D + 1)[:, None] == torch.tensor(h.depth)  # Eq. 1: V^d
-        return prefix, valid
+        valid = torch.arange(1, D + 1)[:, None] == torch.tensor(tree.depth)  # Eq. 1: V^d
+        return prefix, self.slot_id, valid
 
     @torch.no_grad()
     def initialize(self, tokenizer):
@@ -332,11 +340,11 @@ class FlatBERT(Classifier):
     arch, mlm_term, depth_ids = 'bert', False, ()
 
     def make_head(self):
-        """Return ([CLS], every label valid at its one slot), and make HGCLR's classifier."""
-        self.slot_id = self.special['cls']
+        """Return ([CLS], [CLS] its slot, every label valid there); make HGCLR's classifier."""
+        cls = self.special['cls']
         self.dropout = nn.Dropout(self.mlm.config.hidden_dropout_prob)
         self.classifier = nn.Linear(self.mlm.config.hidden_size, len(self.hierarchy))
-        return [self.slot_id], torch.ones(1, len(self.hierarchy), dtype=torch.bool)
+        return [cls], cls, torch.ones(1, len(self.hierarchy), dtype=torch.bool)
 
     @torch.no_grad()
     def initialize(self, tokenizer):
