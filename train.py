@@ -30,7 +30,7 @@ import runs  # noqa: E402
 import speed  # noqa: E402
 
 # The defaults: the paper's where it gives them (Sec. 5.2), else the authors' README command for
-# RCV1 or HPT's, else ours. tools/ reads this block as it is written: keep it a literal.
+# RCV1 or HPT's, else ours.
 DEFAULTS = {
     'model': 'bert-base-uncased',  # the paper's (Sec. 5.2)
     'arch': 'prompt',              # the paper's prompt; 'bert': Table 3's flat BERT (HGCLR's)
@@ -209,14 +209,16 @@ def train_epoch(run, step, epoch, bar):
 
 def evaluate_dev(run, epoch, loss, lam, seconds):
     """Scores the dev split and prints the epoch's line, with the seconds of training and scoring;
-    returns it as metrics.jsonl keeps it, with the mixing ratios as quantiles."""
+    returns it as metrics.jsonl keeps it, with training documents a second and the mixing
+    ratios as quantiles."""
     t0 = time.time()
     dev = evaluate.f1_scores(lhmix.score_documents(run.model, run.tokens['dev']) > 0,
                              run.gold['dev'], len(run.model.hierarchy))
     dev_seconds = time.time() - t0
     line = {'epoch': epoch, 'mix': lam is not None, 'train_loss': loss,
             'dev_micro_f1': dev['micro_f1'], 'dev_macro_f1': dev['macro_f1'],
-            'seconds': round(seconds, 2), 'dev_seconds': round(dev_seconds, 2)}
+            'seconds': round(seconds, 2), 'dev_seconds': round(dev_seconds, 2),
+            'samples_per_s': round(len(run.tokens['train']) / seconds, 1)}
     if lam is not None:
         q = [0, 5, 25, 50, 75, 95, 100]
         line['lambda'] = {'mean': float(lam.mean()), 'quantiles': dict(
@@ -231,6 +233,9 @@ def fit(run):
     """Trains until --epochs or early stopping, saving every epoch. LH-Mix's local hierarchies
     are encoded first, once, by the encoder as it starts (Sec. 4.1)."""
     args, model, extra = run.args, run.model, run.extra
+    if args.mix != 'none' and args.epochs <= args.warmup_epochs:
+        print(f'warning: --epochs {args.epochs} <= --warmup-epochs {args.warmup_epochs}: '
+              'Mixup never starts', file=sys.stderr)
     if args.mix == 'lhmix':
         if 'table' not in extra:
             extra['table'], extra['hierarchy_ids'] = lhmix.local_hierarchy_table(

@@ -33,7 +33,7 @@ from helpers import (FAST, PARENTS, error_of, is_whole_run, read_metrics, tiny_m
                      write_hiagm, write_lines)
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository
-TIMING = ('seconds', 'dev_seconds')
+TIMING = ('seconds', 'dev_seconds', 'samples_per_s')
 
 
 def results(out):
@@ -69,6 +69,9 @@ def test_metrics_and_resume_agree(demo_run):
     assert [m['mix'] for m in metrics] == [False, True]  # one warm-up epoch
     assert all(set(m) == {'epoch', 'mix', 'train_loss', 'dev_micro_f1', 'dev_macro_f1', *TIMING}
                | ({'lambda'} if m['mix'] else set()) for m in metrics)
+    for m in metrics:  # FAST's 12 training documents a second, from the unrounded seconds
+        assert 12 / (m['seconds'] + 0.005) - 0.05 <= m['samples_per_s'] <= 12 / max(
+            m['seconds'] - 0.005, 1e-9) + 0.05
     lam = metrics[1]['lambda']['quantiles']
     assert 0.5 <= lam['0'] <= lam['50'] <= lam['100'] <= 0.75  # Eq. 4 with beta 0.75
     _, test = results(out)
@@ -107,6 +110,17 @@ def test_one_epoch_variants_and_dev_f1_by_hand(tmp_path, arch, mix, flags):
     tp, fp, fn = counts.sum(0)
     assert line['dev_micro_f1'] == pytest.approx(2 * tp / (2 * tp + fp + fn))
     assert line['dev_macro_f1'] == pytest.approx(sum(f1) / len(f1))
+
+
+def test_a_mixup_run_whose_epochs_end_in_its_warm_up_says_mixup_never_starts(tmp_path, capsys):
+    """--epochs 1 --warmup-epochs 1: epoch 0 is warm-up, so Mixup never starts (one warning);
+    with --epochs 2 it starts in epoch 1, and nothing is said."""
+    argv = FAST + ['--warmup-epochs', '1', '--mix', 'mixup']
+    train.main(argv + ['--epochs', '1', '--out', str(tmp_path / 'a')])
+    warned = [x for x in capsys.readouterr().err.splitlines() if 'warning' in x]
+    assert warned == ['warning: --epochs 1 <= --warmup-epochs 1: Mixup never starts']
+    train.main(argv + ['--epochs', '2', '--out', str(tmp_path / 'b')])
+    assert 'never starts' not in capsys.readouterr().err
 
 
 def test_a_label_named_by_no_word_piece_is_named_in_one_warning_and_the_run_trains(tmp_path):
