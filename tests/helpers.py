@@ -69,7 +69,7 @@ def fake_run(folder, micro, macro, depths=(60, 40), quartiles=(30, 40, 50, 60), 
     arguments (ARGS but those given); its provenance, if given (the 220 records have none)."""
     os.makedirs(folder)
     lines = [{'epoch': e, 'mix': lam is not None, 'train_loss': 1.0, 'dev_micro_f1': mi / 100,
-              'dev_macro_f1': ma / 100, 'seconds': 1.0, 'dev_seconds': 1.0,
+              'dev_macro_f1': ma / 100, 'seconds': 1.0, 'dev_seconds': 1.0, 'samples_per_s': 12.0,
               **({'lambda': {'mean': float(np.mean(lam)), 'quantiles': dict(zip(PERCENTS, lam))}}
                  if lam is not None else {})} for e, (ma, mi, lam) in enumerate(history)]
     test = {'micro_f1': micro / 100, 'macro_f1': macro / 100,

@@ -19,6 +19,7 @@ import data
 import evaluate
 import lhmix
 import runs
+import train
 from helpers import ARGS, FAST, error_of, fake_run, read_metrics, tree_state
 from tools import claims, similar, summary
 
@@ -573,13 +574,6 @@ def ablation(tmp_path_factory):
     return root
 
 
-@pytest.fixture(autouse=True)
-def defaults(monkeypatch):
-    """+ LH-Mix's alpha and beta: train.py's DEFAULTS; until train.py holds them, its values."""
-    if 'alpha' not in claims.DEFAULTS:
-        monkeypatch.setattr(claims, 'DEFAULTS', {'alpha': 1.0, 'beta': 0.75})
-
-
 GLANCE = ['verdict', 'short', 'comparison', 'a', 'b']
 DETAILS = ['claim', 'the paper', 'comparison', 'test', "Holm's p", 'detectable', 'at Holm']
 
@@ -1077,9 +1071,15 @@ def test_literals_read_from_source_not_imported(tmp_path):
         "def f():\n    HIDDEN = 2\n")
     assert summary.literals(tmp_path / 'fake.py') == {
         'DEFAULTS': {'alpha': 1.0, 'beta': 0.75, 'mix': 'lhmix'}, 'A': 'a.json', 'B': (3, 15)}
-    # the constants that the tools read from the reference's files, as importing them gives
-    assert (summary.METRICS, summary.TEST_METRICS) == (runs.METRICS, runs.TEST_METRICS)
+    # the constants that the tools read from tools/similar.py, as importing it gives
     assert (claims.K, claims.RELATIVES) == (similar.K, similar.RELATIVES)
+
+
+def test_the_tools_twins_of_the_references_constants_are_equal():
+    """The tools' own copies of the records' names and + LH-Mix's defaults (the reference
+    imports torch, the tools do not) are the reference's."""
+    assert (summary.METRICS, summary.TEST_METRICS) == (runs.METRICS, runs.TEST_METRICS)
+    assert claims.DEFAULTS == {k: train.DEFAULTS[k] for k in ('alpha', 'beta')}
 
 
 def test_a_gaps_change_by_hand():

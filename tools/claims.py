@@ -76,9 +76,9 @@ import numpy as np
 from tools.summary import (LEVEL, ROOT, exit_on_error, literals, markdown, row_name, settings,
                            welch)
 
-# train.py's defaults (+ LH-Mix's alpha and beta), and Fig. 6's measure's constants, read from
-# the files that hold them: not imported, which would import torch
-DEFAULTS = literals(os.path.join(ROOT, 'train.py')).get('DEFAULTS', {})
+# + LH-Mix's alpha and beta, train.py's DEFAULTS (it imports torch; tests/test_tools.py holds
+# them equal), and Fig. 6's measure's constants, read from tools/similar.py (it imports torch)
+DEFAULTS = {'alpha': 1.0, 'beta': 0.75}
 K, RELATIVES = map(literals(os.path.join(ROOT, 'tools', 'similar.py')).get, ('K', 'RELATIVES'))
 VARIED = ('arch', 'mix', 'alpha', 'beta', 'train_fraction')  # what tells the claims' runs apart
 CONTROL = row_name({'arch': 'prompt', 'mix': 'lhmix', 'beta': 0.5})

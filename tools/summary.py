@@ -27,8 +27,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the reposi
 
 def literals(path):
     """{name: value} of each module-level name that the Python file `path` binds to a literal
-    (`K = (3, 15)`, `A, B = 'a', 'b'`), read from its source: the tools read the reference's
-    constants and defaults without importing it, and so without torch."""
+    (`K = (3, 15)`, `A, B = 'a', 'b'`), read from its source: tools/claims.py reads
+    tools/similar.py's constants without importing it, and so without torch."""
     with open(path, encoding='utf-8') as f:
         body = ast.parse(f.read()).body
     out = {}
@@ -45,9 +45,8 @@ def literals(path):
     return out
 
 
-# A run's files, as runs.py names them
-METRICS, TEST_METRICS = map(literals(os.path.join(ROOT, 'runs.py')).get,
-                            ('METRICS', 'TEST_METRICS'))
+# A run's records, as runs.py names them (it imports torch; tests/test_tools.py holds them equal)
+METRICS, TEST_METRICS = 'metrics.jsonl', 'test_metrics.json'
 LEVEL = 0.05  # two-sided: every interval of the tools is a 95% one
 NOT_SETTINGS = ('seed', 'data_dir')  # a run's arguments that do not change what it measures
 # Table 3's rows, as the paper's text names them (its table writes "Bert" and "+Mixup")
@@ -254,6 +253,7 @@ def since_best(history):
     """The epochs since a run's best dev macro-F1 (the first of equal ones), on which train.py
     stops: the tools' own reading of metrics.jsonl, for what-ifs (test_metrics.json's best_epoch
     is the run's own)."""
+    # runs.since_best's twin: runs.py imports torch, and the tools run without it.
     f1 = [h['dev_macro_f1'] for h in history]
     return len(f1) - 1 - f1.index(max(f1))
 
@@ -333,6 +333,7 @@ def score_predictions(args):
 def exit_on_error(main, *args):
     """Runs main(*args) as the tools end: a mistake in the input (ValueError) or the OS's refusal
     (OSError) in one line, `error: ...`, exit 1; a closed pipe (`... | head -1`) quietly."""
+    # runs.exit_on_error's twin, less torch's errors: runs.py imports torch, the tools do not.
     try:
         main(*args)
         sys.stdout.flush()  # here, so that a closed pipe is caught below
