@@ -2,7 +2,7 @@
 metrics.jsonl (a line an epoch), the checkpoints best/ and last/ (loadable after a kill at any
 instant: --resume continues), test_metrics.json.
 
-    python train.py --data demo      # synthetic data and a tiny BERT: about a minute on a CPU
+    python train.py --data demo      # synthetic data, a tiny BERT: for a CPU (README: Performance)
     python train.py --data wos       # bert-base-uncased on WOS, as the paper (downloads WOS)
 """
 import argparse
@@ -42,7 +42,7 @@ DEFAULTS = {
     'alpha': 1.0,                  # Eq. 4: the authors' README command for RCV1
     'beta': 0.75,                  # Eq. 4: the same command
     'mix_alpha': 1.0,              # + Mixup's Beta(a, a): Zhang et al.'s Mixup
-    'batch': 16,                   # HPT's
+    'batch': 16,                   # the same command (and HPT's README; its train.py's: 2)
     'max_length': 512,             # HPT's
     'no_mlm': False,               # HPT's MLM term is on, as in the authors' code
     'train_fraction': 1.0,         # all of the training split; Fig. 4 takes less
