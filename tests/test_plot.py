@@ -609,11 +609,9 @@ CLAIMED = {'none': [(75, 48), (75.2, 48.5), (75.4, 47.5)],
 
 
 @PLOTTING
-def test_the_claims_figure_draws_each_line_its_interval_verdict_and_side(tmp_path, monkeypatch):
+def test_the_claims_figure_draws_each_line_its_interval_verdict_and_side(tmp_path):
     from matplotlib.colors import to_hex
     from scipy import stats
-    if 'alpha' not in claims.DEFAULTS:  # until train.py holds DEFAULTS: its values
-        monkeypatch.setattr(claims, 'DEFAULTS', {'alpha': 1.0, 'beta': 0.75})
     args = {'none': {'mix': 'none'}, 'bert': {'arch': 'bert', 'mix': 'none'},
             'mixup': {'mix': 'mixup'}, 'bert-mixup': {'arch': 'bert', 'mix': 'mixup'}}
     folders = [fake_run(tmp_path / f'{name}-s{s}', micro, macro, history=[(40, 50, None)],

@@ -9,7 +9,7 @@ Holm's p, the difference it could detect.
 
 Runs. Told apart by their arguments (test_metrics.json's), never by their folders' names.
 Prompt and BERT are --arch prompt and bert with --mix none; + Mixup is --mix mixup; + LH-Mix is
---mix lhmix at --alpha and --beta (default: train.py's DEFAULTS, read from its source); the
+--mix lhmix at --alpha and --beta (default: train.py's DEFAULTS); the
 control, Prompt + LH-Mix with lambda = 0.5, is --arch prompt --mix lhmix --beta 0.5 (Eq. 4 gives
 0.5 for every pair at any --alpha). All at --train-fraction 1 but in Fig. 4. Fig. 5's grids are
 the Prompt + LH-Mix runs at --beta 1 (over --alpha) and at --alpha 1 (over --beta, the control

@@ -352,9 +352,6 @@ def forest(fig, groups):
     line lacks, said in its place."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
-    if 'alpha' not in claims.DEFAULTS:
-        raise ValueError("the claims figure needs + LH-Mix's alpha and beta: train.py holds no "
-                         'DEFAULTS')
     r = claims.Runs(groups, claims.DEFAULTS['alpha'], claims.DEFAULTS['beta'])
     rows = [('Ours: ' * (table is claims.OURS) + short, test) for table in (claims.PAPER,
                                                                            claims.OURS)
