@@ -42,7 +42,7 @@ DEFAULTS = {
     'alpha': 1.0,                  # Eq. 4: the authors' README command for RCV1
     'beta': 0.75,                  # Eq. 4: the same command
     'mix_alpha': 1.0,              # + Mixup's Beta(a, a): Zhang et al.'s Mixup
-    'batch': 16,                   # the same command (and HPT's README; its train.py's: 2)
+    'batch': 16,                   # the authors' README command, as HPT's README (its train.py: 2)
     'max_length': 512,             # HPT's
     'no_mlm': False,               # HPT's MLM term is on, as in the authors' code
     'train_fraction': 1.0,         # all of the training split; Fig. 4 takes less
