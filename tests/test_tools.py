@@ -496,6 +496,18 @@ def test_verdict_words_per_measure_and_the_lines(value, p, holm, sign, verdicts,
     assert claims.overall(verdicts) == line
 
 
+def test_a_verdict_that_falls_in_one_family_of_both_measures_is_marked_marginal():
+    """Planted p's: a 0.001 / 0.02, b 0.01 / 0.5; each column's Holm by hand: a 0.002 / 0.02, b
+    0.02 / 0.5; one family of the four: 0.004, 0.03 (0.01 x 3), 0.04 (0.02 x 2), 0.5: nothing
+    marginal. a's second moved to 0.03: its column's Holm 0.03, one family's 0.06: marginal."""
+    for second, words in ((0.02, [['supported', 'supported'], ['supported', 'inconclusive']]),
+                          (0.03, [['supported', 'supported'],
+                                  ['supported (marginal)', 'inconclusive']])):
+        tests = [made((1, 1), (0.001, 0.01)), made((1, 1), (second, 0.5))]
+        claims.correct(tests)
+        assert [t.verdicts() for t in tests] == words
+
+
 def record(folder, micro, macro, depth=None, quartiles=None, relatives=None, **args):
     """A run's record: test_metrics.json (F1 per depth {1: (micro, macro), ...} and per quartile
     [q1 (the rarest), ...], in points; the run's F1 at each where not given) and, given {k: (init,
@@ -581,7 +593,8 @@ def defaults(monkeypatch):
 
 
 GLANCE = ['verdict', 'short', 'comparison', 'a', 'b']
-DETAILS = ['claim', 'the paper', 'comparison', 'test', "Holm's p", 'detectable', 'at Holm']
+DETAILS = ['claim', 'the paper', 'comparison', 'test', "Holm's p", 'one family', 'detectable',
+           'at Holm']
 
 
 def claims_out(folders, capsys, *flags):
@@ -597,7 +610,7 @@ def claims_out(folders, capsys, *flags):
             lines = [line[2:-2].split(' | ') for line in block.split('\n')]
             tables.append(lines)
     glance, details = [t for t in tables if len(t[0]) == 5][:2], [t for t in tables
-                                                                   if len(t[0]) == 7]
+                                                                   if len(t[0]) == 8]
     out = []
     for g, d in zip(glance, details):
         assert g[0][0] == 'verdict' and g[1] == ['---'] * 5 and len(g) == len(d)
@@ -613,7 +626,9 @@ def claims_out(folders, capsys, *flags):
             line['difference [95% interval]'] = ' / '.join(c[0] + ']' * (len(c) > 1)
                                                            for c in cells)
             if a[0] != 'cannot be tested here':
-                line['verdict per measure'] = ' / '.join(c[1] for c in cells)
+                line['verdict per measure'] = ' / '.join(c[1].split('; ')[0] for c in cells)
+                line['paired at 100%'] = ' / '.join(c[1].partition('; paired at 100%: ')[2]
+                                                    for c in cells)
             elif line['test'].startswith('cannot'):
                 line['verdict per measure'] = line['test']
             else:  # 'slope (cannot be tested here: ...)': measured all the same
@@ -698,20 +713,23 @@ def check_table(lines, want):
             column = 1 if measures == ['macro_f1'] else i
             family.setdefault(column, []).append((j, i, value[i] * sign, p[i], se[i],
                                                   np.broadcast_to(df, len(measures))[i]))
-    holm = {}
+    holm, everyone = {}, [x for members in family.values() for x in members]
+    strict = dict(zip([x[:2] for x in everyone], holm_by_hand([x[3] for x in everyone])))
     for members in family.values():
         m = len(members)
         for (j, i, v, p, se, df), h in zip(members, holm_by_hand([x[3] for x in members])):
-            word = ('supported' if v > 0 else 'contradicted') if h < 0.05 else \
+            word = ('supported' if v > 0 else 'contradicted') + ' (marginal)' * bool(
+                strict[j, i] >= 0.05) if h < 0.05 else \
                 'inconclusive (Holm)' if p < 0.05 else 'inconclusive'
             at_holm = (t.ppf(1 - 0.025 / m, df) + t.ppf(0.8, df)) * se
-            holm.setdefault(j, {})[i] = (f'{h:.2g}', word, f'{at_holm:.2f}')
+            holm.setdefault(j, {})[i] = (f'{h:.2g}', word, f'{at_holm:.2f}',
+                                         f'{strict[j, i]:.2g}')
     for j, line in enumerate(lines):
         if j in holm:
             cells = [holm[j][i] for i in sorted(holm[j])]
-            assert (line["Holm's p"], line['verdict per measure'], line['at Holm']) == tuple(
-                ' / '.join(c) for c in zip(*cells))
-            words = {w.split()[0] for _, w, _ in cells}
+            assert (line["Holm's p"], line['verdict per measure'], line['at Holm'],
+                    line['one family']) == tuple(' / '.join(c) for c in zip(*cells))
+            words = {w.split()[0] for _, w, *_ in cells}
             assert line['verdict'] == (words.pop() if len(words) == 1 else 'partly')
         elif len(want[j]) > 1:  # measured, but no claim to test
             assert line["Holm's p"] == '' and line['at Holm'] == ''
@@ -848,7 +866,7 @@ def test_a_rerun_its_spread_by_seed_and_the_verdicts_it_changes(ablation, tmp_pa
         (0, 'Prompt − BERT')]  # the records were made for this line alone to change
     lines = [was[0, 'Prompt − BERT'], now[0, 'Prompt − BERT']]
     assert [line['verdict per measure'] for line in lines] == [
-        'inconclusive / inconclusive', 'supported / inconclusive (Holm)']
+        'inconclusive / inconclusive', 'supported (marginal) / inconclusive (Holm)']
     def cell(line, i):  # one measure's: verdict: difference, Holm's p
         verdict, difference, p = (line[k].split(' / ')[i] for k in (
             'verdict per measure', 'difference [95% interval]', "Holm's p"))
@@ -1123,10 +1141,8 @@ def test_claims_list_provenance_and_refuse_runs_of_other_data(ablation, tmp_path
     folders = [str(root / n) for n in names]
     claims.main(folders)
     assert capsys.readouterr().out.split('\n')[0] == (
-        f'Provenance (test_metrics.json): commits {"f" * 40}: 1 runs, {"f" * 40} (uncommitted '
-        'changes): 1 runs, none (not a git checkout): 1 runs, not recorded: 1 runs; data '
-        '(sha256 of each split as loaded) labels abababababab, train cdcdcdcdcdcd: 3 runs, not '
-        'recorded: 1 runs.')
+        'Provenance (test_metrics.json): runs by commit: fffffff 1, fffffff (uncommitted) 1, '
+        'none (not a git checkout) 1, not recorded 1; data digests: the same 3, not recorded 1.')
     stamp('bert-s0', None, None, digests['ab'])
     assert error_of(lambda: claims.main(folders)) == (
         "error: the runs' data digests (provenance) differ: "
