@@ -125,7 +125,7 @@ def claims_cells():
     HIGH] VERDICT' (held to the records by the test above)."""
     text = open(os.path.join(ROOT, 'RESULTS.md'), encoding='utf-8').read()
     cells = {}
-    for cell in re.findall(r'\| ([-+][\d.]+ \[[-+][\d.]+, [-+][\d.]+\] [a-z ()]+?) (?=\|)', text):
+    for cell in re.findall(r'\| ([-+][\d.]+ \[[-+][\d.]+, [-+][\d.]+\] [a-zA-Z ()%:;\d]+?) (?=\|)', text):
         verdict = re.search(r'\] (supported|contradicted|inconclusive)', cell)[1]
         cells.setdefault(verdict, []).append(cell)
     return cells

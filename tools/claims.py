@@ -662,16 +662,14 @@ def checkpoints(r):
     moved = [f'{row[0]}, {test.what}: {w} → {v}' for (row, test, why), w, v in zip(
         [x for x in by['macro_f1'] if x[1] and not x[2]], words['macro_f1'], words['micro_f1'])
         if w.split()[0] != v.split()[0]]
-    print('\n**Checkpoints.** Dev micro-F1 at each run\'s best dev micro-F1 epoch stands above it '
-          'at its best dev macro-F1 epoch (the checkpoint tested) by a median '
-          f'{np.median(gain):.2f} points (at most {max(gain):.2f}). The '
-          f'{len(words["micro_f1"])} micro-F1 tests of Table 3\'s and Fig. 4\'s lines on those dev '
-          'scores, verdicts at the best dev macro-F1 epoch / best dev micro-F1 epoch: ' + ', '.join(
+    print(f'\n**Checkpoints** (dev level): the best dev micro-F1 epoch is {np.median(gain):.2f} '
+          f'points of dev micro-F1 (median; at most {max(gain):.2f}) above the best dev macro-F1 '
+          f"epoch (the checkpoint tested). Table 3's and Fig. 4's {len(words['micro_f1'])} "
+          'micro-F1 verdicts on dev scores, best macro / micro epoch: ' + ', '.join(
               f'{w} {sum(v.split()[0] == w for v in words["macro_f1"])} / '
               f'{sum(v.split()[0] == w for v in words["micro_f1"])}'
               for w in ('supported', 'contradicted', 'inconclusive')) + '; '
-          + (f'{len(moved)} change their word: ' + '; '.join(moved) if moved else
-             'none changes its word') + '.')
+          + (f'{len(moved)} change: ' + '; '.join(moved) if moved else 'none changes') + '.')
 
 
 def rerun_of(r, folders):
@@ -753,12 +751,7 @@ def claims(args):
     n = sum(len(s.folders) for s in r.groups)
     print(f"\nThe claims of the paper's Sec. 5 against {n} runs of --data {r.data}, then our own "
           'tests, apart. a / b: test micro- / macro-F1 in points (unless the line says '
-          'otherwise), each with its unadjusted 95% interval and its verdict: supported '
-          "(contradicted) where Holm's p, per table and column, is below 0.05 with the paper's "
-          "sign (the other), '(marginal)' where Holm's p in one family of both columns is not; "
-          "else inconclusive, '(Holm)' where only the interval clears 0; partly where the "
-          "measures differ; 'paired at 100%': the other rule's verdict, where it differs. The "
-          'rules: python -m tools.claims -h.')
+          'otherwise), unadjusted 95% interval, verdict (rules: python -m tools.claims -h).')
     same_seed(r)
     for (title, rows, measured), other in zip(tables, paired):
         print(f'\n**{title}**' + (', in short (its words: below):' if rows is PAPER else
@@ -776,10 +769,9 @@ def claims(args):
     m = [' and '.join(f'{n:g}' for n in dict.fromkeys(  # x == x: not NaN, a test in a family
         x for tests, _ in measured for t in tests for x in t.m if x == x))
         for *_, measured in tables]
-    print("\n**The details**: the paper's words and figures (its figures give no numbers in its "
-          "text), each test, Holm's p, and the difference detectable with 80% power, at 5% and "
-          f"at 5% / m, m the tests of Holm's family (a and b: the paper's claims {m[0]}, ours "
-          f'{m[1]}); a / b:')
+    print("\n**The details**: the paper's words and figures, each test, Holm's p (per column; "
+          'one family: of both), the difference detectable with 80% power at 5% and at 5% / m '
+          f"(m: a and b, the paper's claims {m[0]}, ours {m[1]}); a / b:")
     for title, rows, measured in tables:
         print()
         details(rows, measured)
