@@ -832,6 +832,99 @@ def test_the_claims_tables_against_scipy_and_holm_by_hand(ablation, capsys):
         + interval(f1s('alpha10'), f1s('alpha0.1'))[1] + ' |']  # micro-F1: no spread in either
 
 
+def test_the_same_seed_correlations_per_share_by_hand(ablation, capsys):
+    """Per share, the median over the pairs of rows run at the same seeds of Pearson's r between
+    their F1 seed by seed (scipy), micro / macro: at 100% Prompt, + Mixup and + LH-Mix at seeds
+    0-2 (3 pairs), the control and the three BERT rows at 0-1 (6); at 50% 3 pairs; at 10% 6
+    (+ LH-Mix's folders in the seeds' order 2, 0, 1); none at 25%."""
+    import statistics
+    from scipy.stats import pearsonr
+    paragraphs, _ = claims_out(sorted(ablation.iterdir()), capsys)
+    groups = {'100%': [['prompt', 'mixup', 'lhmix'], ['half', 'bert', 'bert-mixup', 'bert-lhmix']],
+              '50%': [['prompt-50', 'mixup-50', 'lhmix-50']],
+              '10%': [['prompt-10', 'mixup-10', 'lhmix-10', 'half-10']]}
+    parts = []
+    for share, found in groups.items():
+        rs = [[pearsonr(f1s(a)[:, i], f1s(b)[:, i])[0] for i in range(2)] for names in found
+              for j, a in enumerate(names) for b in names[j + 1:]]
+        parts.append(f'{share} ' + ' / '.join(f'{statistics.median(r[i] for r in rs):+.2f}'
+                                             for i in range(2)) + f' ({len(rs)} pairs)')
+    assert ('Same-seed r (median over the pairs of rows at a share, micro / macro): '
+            + '; '.join(parts) + '.') in paragraphs
+
+
+def verdict_by_hand(value, p, holm, strict):
+    return (('supported' if value > 0 else 'contradicted') + ' (marginal)' * bool(strict >= 0.05)
+            if holm < 0.05 else 'inconclusive (Holm)' if p < 0.05 else 'inconclusive')
+
+
+def test_the_verdict_paired_at_100_percent_beside_each_that_it_changes(tmp_path, capsys):
+    """Prompt and BERT at seeds 0-2, each seed's Prompt 1 point (give or take 0.1) above its
+    BERT in micro-F1 but 2 points apart seed to seed: Welch's test finds nothing, the paired
+    one does; macro-F1 inconclusive both ways. Each a family of one a column (p = Holm's p), one
+    family of the two; by scipy. Then Fig. 4's gap's change paired by seed: the mean of each
+    seed's gap at 10% minus its gap at 100%, Student's t, by scipy."""
+    from scipy import stats
+    prompt, bert = [(70, 40), (72.1, 45), (74, 41)], [(69, 42), (71, 40), (73.1, 44)]
+    folders = [record(tmp_path / f'{name}-s{s}', micro, macro, seed=s, **args)
+               for name, runs_, args in (('prompt', prompt, {}), ('bert', bert, {'arch': 'bert'}))
+               for s, (micro, macro) in enumerate(runs_)]
+    _, (paper, _) = claims_out(folders, capsys)
+    line = next(line for line in paper if line['comparison'] == 'Prompt − BERT')
+    a, b = np.array(prompt, dtype=float), np.array(bert, dtype=float)
+    words = []
+    for test in (stats.ttest_ind(a, b, equal_var=False), stats.ttest_1samp(a - b, 0)):
+        strict = holm_by_hand(list(test.pvalue))
+        words.append([verdict_by_hand(v, p, p, h) for v, p, h in zip(
+            (a - b).mean(0), test.pvalue, strict)])
+    assert words[0] == ['inconclusive', 'inconclusive'] and words[1][0] == 'supported'
+    assert line['verdict per measure'] == ' / '.join(words[0])
+    assert line['paired at 100%'] == ' / '.join(o * (o != w) for w, o in zip(*words))
+    f1 = {('mixup', 0.1): [(50, 30), (52, 33), (51, 31)],
+          ('lhmix', 0.1): [(51, 34), (52.5, 36), (53, 33)],
+          ('mixup', 1.0): [(70, 45), (71, 47), (72, 44)],
+          ('lhmix', 1.0): [(70.5, 45.5), (71, 48), (73.1, 45)]}
+    folders = [record(tmp_path / f'{arm}-{f}-s{s}', micro, macro, seed=s, mix=arm,
+                      train_fraction=f) for (arm, f), runs_ in f1.items()
+               for s, (micro, macro) in enumerate(runs_)]
+    r = claims.Runs(summary.settings(folders), 1.0, 0.75)
+    f1 = {k: np.array(v, dtype=float) for k, v in f1.items()}
+    gaps = (f1['lhmix', 0.1] - f1['mixup', 0.1]) - (f1['lhmix', 1.0] - f1['mixup', 1.0])
+    want = stats.ttest_1samp(gaps, 0)
+    r.paired = True
+    (got,) = claims.fig4_enlarged(r)
+    assert (got.how, list(got.value), list(got.p)) == (
+        'paired by seed', pytest.approx(list(gaps.mean(0))), pytest.approx(list(want.pvalue)))
+
+
+def test_the_micro_f1_verdicts_at_the_best_dev_micro_f1_epoch(tmp_path, capsys):
+    """--checkpoints: Prompt and BERT at seeds 0-2, two epochs each (dev macro-, micro-F1); the
+    first the best in dev macro-F1 (the checkpoint), the second in dev micro-F1, where Prompt's
+    is 8 points above BERT's (inconclusive at the first). Each run's dev micro-F1 gained from the
+    first epoch to the second, its median and largest; Welch's p of each epoch by scipy, a family
+    of one: the word that changes."""
+    from scipy import stats
+    epochs = {'prompt': [((50, 60), (49, 70)), ((51, 61.5), (50, 70.5)), ((52, 59), (49.5, 71))],
+              'bert': [((48, 60.5), (47, 62)), ((48.5, 60), (47, 62.5)), ((49.2, 61), (48, 63))]}
+    folders = [fake_run(tmp_path / f'{name}-s{s}', 70, 40, history=[(*e, None) for e in run],
+                        seed=s, **({'arch': 'bert'} if name == 'bert' else {}), mix='none')
+               for name, runs_ in epochs.items() for s, run in enumerate(runs_)]
+    paragraphs, _ = claims_out(folders, capsys, '--checkpoints')
+    gain = [b[1] - a[1] for runs_ in epochs.values() for a, b in runs_]
+    words = []
+    for e in (0, 1):
+        a, b = (np.array([run[e] for run in epochs[k]], dtype=float) for k in epochs)
+        p = stats.ttest_ind(a, b, equal_var=False).pvalue
+        words.append(verdict_by_hand((a - b).mean(0)[1], p[1], p[1], 0).split()[0])
+    assert words == ['inconclusive', 'supported']
+    assert paragraphs[-1] == (
+        f'**Checkpoints** (dev level): the best dev micro-F1 epoch is {np.median(gain):.2f} '
+        f'points of dev micro-F1 (median; at most {max(gain):.2f}) above the best dev macro-F1 '
+        "epoch (the checkpoint tested). Table 3's and Fig. 4's 1 micro-F1 verdicts on dev "
+        'scores, best macro / micro epoch: supported 0 / 1, contradicted 0 / 0, inconclusive '
+        '1 / 0; 1 change: Table 3: Prompt above BERT, Prompt − BERT: inconclusive → supported.')
+
+
 def first_lines(tables):
     """{claim: its first line} of each table."""
     return [{line['claim']: line for line in reversed(table)} for table in tables]
