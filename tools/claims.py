@@ -50,11 +50,10 @@ verdict that falls in one Holm family of the table's tests of both columns is ma
 '(marginal)'. A line's verdict is its measures' where they agree, 'partly' where they differ.
 The rule at 100% (Welch's) came after the runs: each verdict that pairing by seed at 100% (and
 the gap's change by seed) would give instead is shown beside it where it differs; 'Same-seed
-r' is what pairing could use at each share. 'Cannot be tested
-here': the claim needs models or data that are not here, or a setting lacks two runs; the line
-says which, and what it measured all the same (outside Holm's families). Exploratory
-comparisons, chosen after seeing Fig. 5's grid (its ends in alpha), get an interval and no
-verdict, outside the families.
+r' is what pairing could use at each share. 'Cannot be tested here': the claim needs models or
+data that are not here, or a setting lacks two runs; the line says which, and what it measured
+all the same (outside Holm's families). Exploratory comparisons, chosen after seeing Fig. 5's
+grid (its ends in alpha), get an interval and no verdict, outside the families.
 
 Detectable: the smallest true difference that the test finds with 80% power at its observed SE,
 (t(1 - level / 2, df) + t(0.80, df)) SE, the usual approximation (with the noncentral t, the
@@ -557,8 +556,9 @@ def glance(rows, measured, paired):
                                                                lines(rows, paired)):
         words = [] if why else [w + f'; paired at 100%: {o}' * (o != w) for w, o in zip(
             test.verdicts(), other.verdicts() if other and not other_why else test.verdicts())]
-        print(markdown([why.split(':')[0] if why else overall(test.verdicts()), short * (short != last),
-                        test.what if test else '', *(test.columns(words) if test else ['', ''])]))
+        print(markdown([why.split(':')[0] if why else overall(test.verdicts()),
+                        short * (short != last), test.what if test else '',
+                        *(test.columns(words) if test else ['', ''])]))
         last = short
 
 
