@@ -749,9 +749,9 @@ def claims(args):
     paired = [measure(rows, r) for _, rows, _ in tables]
     r.paired = False
     n = sum(len(s.folders) for s in r.groups)
-    print(f"\nThe claims of the paper's Sec. 5 against {n} runs of --data {r.data}, then our own "
-          'tests, apart. a / b: test micro- / macro-F1 in points (unless the line says '
-          'otherwise), unadjusted 95% interval, verdict (rules: python -m tools.claims -h).')
+    print(f'\n{n} runs of --data {r.data}. a / b: test micro- / macro-F1 in points (unless the '
+          'line says otherwise), unadjusted 95% interval, verdict (rules: python -m tools.claims '
+          '-h).')
     same_seed(r)
     for (title, rows, measured), other in zip(tables, paired):
         print(f'\n**{title}**' + (', in short (its words: below):' if rows is PAPER else
