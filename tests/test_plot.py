@@ -709,3 +709,29 @@ def test_the_claims_figures_keep_our_tests_apart_and_the_headline_readable(tmp_p
     shown = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'results',
                          'figures', 'claims_headline.svg')
     assert font_px(shown) >= 9 and len(rows_and_split(shown)[0]) <= 14
+
+
+@PLOTTING
+def test_a_marginal_verdict_is_drawn_hollow(tmp_path, monkeypatch):
+    """Prompt − BERT alone: micro-F1's Welch p (scipy) under 0.05, a family of one, but not when
+    doubled in one Holm family with macro-F1's (by hand): its marker hollow, edged in its
+    verdict's colour; macro-F1's inconclusive, filled."""
+    from matplotlib.colors import to_hex
+    from scipy import stats
+    if 'alpha' not in claims.DEFAULTS:
+        monkeypatch.setattr(claims, 'DEFAULTS', {'alpha': 1.0, 'beta': 0.75})
+    prompt, bert = [(70, 40), (71, 45), (72, 41)], [(67.7, 42), (68.9, 40), (69.3, 44)]
+    folders = [fake_run(tmp_path / f'{name}-s{s}', micro, macro, history=[(40, 50, None)],
+                        seed=s, **args)
+               for name, runs_, args in (('prompt', prompt, {'mix': 'none'}),
+                                         ('bert', bert, {'arch': 'bert', 'mix': 'none'}))
+               for s, (micro, macro) in enumerate(runs_)]
+    plot.main([*folders, '--figures', 'claims', '--out', str(tmp_path)])
+    p = stats.ttest_ind(np.array(prompt), np.array(bert), equal_var=False).pvalue
+    assert p[0] < 0.05 and max(2 * p[0], p[1]) >= 0.05 and p[1] >= 0.05  # marginal, inconclusive
+    g = next(g for g in ET.parse(tmp_path / 'claims.svg').getroot().iter(SVG + 'g')
+             if g.get('id') == 'claims-0-0')
+    style = next(g.iter(SVG + 'use')).get('style')
+    assert 'fill: #ffffff' in style and f'stroke: {to_hex(plot.VERDICTS["supported"][1])}' in style
+    assert marker_colour(tmp_path / 'claims.svg', 'claims-1-0') == to_hex(
+        plot.VERDICTS['inconclusive'][1])
