@@ -684,7 +684,8 @@ def test_the_claims_figures_keep_our_tests_apart_and_the_headline_readable(tmp_p
     """Beside CLAIMED, Prompt + LH-Mix and the control (our test): the full figure has the
     paper's 13 lines that these runs test (Table 3's three, Fig. 7's ten), then below a line and
     its heading our one; the headline figure the three of Table 3 and ours, apart the same way,
-    its smallest text 9 px or more at 830 px wide, as is the README's copy, of at most 14 lines."""
+    its smallest text 9 px or more at 830 px wide, as is the README's copy, of at most 14 lines;
+    slopes named in the x axis' label where a line is one."""
     if 'alpha' not in claims.DEFAULTS:
         monkeypatch.setattr(claims, 'DEFAULTS', {'alpha': 1.0, 'beta': 0.75})
     args = {'none': {'mix': 'none'}, 'bert': {'arch': 'bert', 'mix': 'none'},
@@ -705,6 +706,9 @@ def test_the_claims_figures_keep_our_tests_apart_and_the_headline_readable(tmp_p
         assert labels[:6] == table3 and labels[-2:] == ours and len(rows) == paper + 1
         assert split is not None and rows[paper - 1] < split < rows[paper]
         assert texts(path)['claims-ours'] == ["our own tests, not the paper's claims, below"]
+        xlabels = [x for xs in texts(path).values() for x in xs if x.startswith('difference')]
+        assert xlabels == ['difference, points' + ' (slopes: points per unit)' * (
+            name == 'claims')] * 2  # Fig. 7's slopes in the full figure only
     assert font_px(tmp_path / 'claims_headline.svg') >= 9
     shown = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'results',
                          'figures', 'claims_headline.svg')

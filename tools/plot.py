@@ -403,7 +403,8 @@ def forest(fig, groups, headline=False):
                         fontsize=size, backgroundcolor='white', gid='claims-ours')
         ax.axvline(0, color='k', lw=0.8, gid=f'claims-{c}-zero')
         ax.set_xlim(lo, hi)
-        ax.set(xlabel='difference, points (slopes: points per unit)',
+        ax.set(xlabel='difference, points' + ' (slopes: points per unit)' * any(
+                   'slope' in t.what for *_, t in rows),
                title=f'{"ab"[c]}: {claims.WORDS[claims.F1[c]]} (Fig. 6: {claims.K[c]} nearest)')
     labels = [f'{short}\n{t.what}'.replace(f', {claims.NEAREST}', '') for _, short, t in rows]
     axes[0].set_yticks(ys, labels, fontsize=size)
