@@ -156,6 +156,23 @@ def test_the_readmes_first_screen_says_what_the_claims_tables_say():
                 verdict, marked, number[0], bullet)
 
 
+def test_the_bert_rows_means_now_as_results_md_gives_them_beside_the_old():
+    """The sentence on Table 3's redrawn BERT rows: each row's old and new test micro / macro
+    means; the new, each the mean of its 10 records' F1 (float64, in points), here."""
+    text = ' '.join(open(os.path.join(ROOT, 'RESULTS.md'), encoding='utf-8').read().split())
+    for name, mix in (('BERT', 'none'), ('+ Mixup', 'mixup'), ('+ LH-Mix', 'lhmix')):
+        f1 = []
+        for path in glob.glob(os.path.join(ROOT, 'results', 'records', 'table3', '*',
+                                           'test_metrics.json')):
+            with open(path, encoding='utf-8') as f:
+                record = json.load(f)
+            if (record['args']['arch'], record['args']['mix']) == ('bert', mix):
+                f1.append([100 * record['micro_f1'], 100 * record['macro_f1']])
+        micro, macro = sum(x for x, _ in f1) / len(f1), sum(y for _, y in f1) / len(f1)
+        assert len(f1) == 10 and re.search(
+            rf'[;:] {re.escape(name)} [\d.]+ / [\d.]+, {micro:.2f} / {macro:.2f}[;)]', text), name
+
+
 def test_every_recorded_run_started_from_the_same_label_embeddings():
     """One setting for all the records: each Prompt run's relatives.json holds the same shares at
     initialisation. A run made without the setting's label_names.tsv starts elsewhere (its label
