@@ -133,10 +133,11 @@ def claims_cells():
 
 def test_the_readmes_first_screen_says_what_the_claims_tables_say():
     """At most 6 bullets of at most 40 words, no other sentence over 45 words, the headline
-    claims figure, and the records' count of runs. Each number of a bullet stands in a cell of
-    RESULTS.md's claims tables with the verdict word last named before it in the bullet
-    (Supported, contradicted: ...), and is followed by ', marginal' exactly where that cell's
-    verdict is marked marginal: a claim moved to another verdict or mark is caught here."""
+    claims figure, the records' count of runs and of seeds a setting (10 but Fig. 5's grid). Each
+    number of a bullet stands in a cell of RESULTS.md's claims tables with the verdict word last
+    named before it in the bullet (Supported, contradicted: ...), and is followed by ', marginal'
+    exactly where that cell's verdict is marked marginal: a claim moved to another verdict or
+    mark is caught here."""
     text, bullets = first_screen()
     cells = claims_cells()
     assert 0 < len(bullets) <= 6 and all(len(b.split()) <= 40 for b in bullets), bullets
@@ -144,8 +145,17 @@ def test_the_readmes_first_screen_says_what_the_claims_tables_say():
     sentences = re.split(r'(?<=[.)])\s+(?=[A-Z*\[(!])', ' '.join(prose.split()))
     assert max(len(s.split()) for s in sentences) <= 45
     assert '](results/figures/claims_headline.svg)' in text and 'on DebTags' in prose
-    runs = len(glob.glob(os.path.join(ROOT, 'results', 'records', '*', '*', 'test_metrics.json')))
-    assert f' {runs} runs' in ' '.join(prose.split())
+    seeds = {}  # per folder of records, each setting's count of runs (its seeds)
+    for path in glob.glob(os.path.join(ROOT, 'results', 'records', '*', '*', 'test_metrics.json')):
+        with open(path, encoding='utf-8') as f:
+            args = json.load(f)['args']
+        setting = json.dumps({k: v for k, v in args.items() if k != 'seed'}, sort_keys=True)
+        counts = seeds.setdefault(path.split(os.sep)[-3], {})
+        counts[setting] = counts.get(setting, 0) + 1
+    runs, grid = sum(sum(c.values()) for c in seeds.values()), seeds.pop('fig5').values()
+    assert {n for c in seeds.values() for n in c.values()} == {10}  # Table 3, Fig. 4, the rerun
+    assert (f' {runs} runs, 10 seeds a setting (Fig. 5\'s grid: {min(grid)} to {max(grid)})'
+            in ' '.join(prose.split()))
     for bullet in bullets:
         for number in re.finditer(r'(?<![\w.])[-+]\d+\.\d\d\b', bullet):
             verdict = re.findall(r'(supported|contradicted|inconclusive)',
