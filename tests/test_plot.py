@@ -574,7 +574,7 @@ def test_bad_input_named_in_one_line_before_anything_is_written(records, tmp_pat
         f'error: {tmp_path}/file/out: Not a directory')
     assert error_of(lambda: plot.main([run, '--figures', 'curves', 'fig9', '--out', str(out)])) == (
         'error: --figures fig9: not one of curves, lambda, table3_f1, fig4_train_fraction, '
-        'fig5_alpha_beta, fig7_depth_frequency, claims')
+        'fig5_alpha_beta, fig7_depth_frequency, claims, claims_headline')
     assert not out.exists()
     out.mkdir()
     (out / 'lambda.svg').write_text('my notes')
