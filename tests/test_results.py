@@ -121,34 +121,66 @@ def first_screen():
 
 
 def claims_cells():
-    """{verdict: the cells of RESULTS.md's claims tables with that verdict}: 'DIFFERENCE [LOW,
-    HIGH] VERDICT' (held to the records by the test above)."""
+    """[(the verdict, marginal or not, the cell)] of RESULTS.md's claims tables' cells 'DIFFERENCE
+    [LOW, HIGH] VERDICT' (held to the records by the test above); a cell's own verdict is the one
+    before any '; paired at 100%: ...'."""
     text = open(os.path.join(ROOT, 'RESULTS.md'), encoding='utf-8').read()
-    cells = {}
-    for cell in re.findall(r'\| ([-+][\d.]+ \[[-+][\d.]+, [-+][\d.]+\] [a-z ()]+?) (?=\|)', text):
-        verdict = re.search(r'\] (supported|contradicted|inconclusive)', cell)[1]
-        cells.setdefault(verdict, []).append(cell)
-    return cells
+    cells = re.findall(r'\| ([-+][\d.]+ \[[-+][\d.]+, [-+][\d.]+\] [a-zA-Z ()%:;\d]+?) (?=\|)',
+                       text)
+    return [(re.search(r'\] (supported|contradicted|inconclusive)', c)[1],
+             c.split(';')[0].endswith(' (marginal)'), c) for c in cells]
 
 
 def test_the_readmes_first_screen_says_what_the_claims_tables_say():
-    """At most 6 bullets of at most 40 words, no other sentence over 45 words, and the claims
-    figure; each number of a bullet that names a verdict (Supported, Contradicted, Inconclusive)
-    stands in a cell of RESULTS.md's claims tables with that verdict, so that a claim moved to
-    another verdict by the records is caught here."""
+    """At most 6 bullets of at most 40 words, no other sentence over 45 words, the headline
+    claims figure, the records' count of runs and of seeds a setting (10 but Fig. 5's grid). Each
+    number of a bullet stands in a cell of RESULTS.md's claims tables with the verdict word last
+    named before it in the bullet (Supported, contradicted: ...), and is followed by ', marginal'
+    exactly where that cell's verdict is marked marginal: a claim moved to another verdict or
+    mark is caught here."""
     text, bullets = first_screen()
     cells = claims_cells()
     assert 0 < len(bullets) <= 6 and all(len(b.split()) <= 40 for b in bullets), bullets
     prose = re.sub(r'(?m)^- .*(?:\n  .*)*', '', text)
-    sentences = re.split(r'(?<=[.)])\s+(?=[A-Z*\[(])', ' '.join(prose.split()))
+    sentences = re.split(r'(?<=[.)])\s+(?=[A-Z*\[(!])', ' '.join(prose.split()))
     assert max(len(s.split()) for s in sentences) <= 45
-    assert '](results/figures/claims.svg)' in text and 'on DebTags with MiniLM' in ''.join(
-        b for b in bullets if b.startswith('**Contradicted**'))
+    assert '](results/figures/claims_headline.svg)' in text and 'on DebTags' in prose
+    seeds = {}  # per folder of records, each setting's count of runs (its seeds)
+    for path in glob.glob(os.path.join(ROOT, 'results', 'records', '*', '*', 'test_metrics.json')):
+        with open(path, encoding='utf-8') as f:
+            args = json.load(f)['args']
+        setting = json.dumps({k: v for k, v in args.items() if k != 'seed'}, sort_keys=True)
+        counts = seeds.setdefault(path.split(os.sep)[-3], {})
+        counts[setting] = counts.get(setting, 0) + 1
+    runs, grid = sum(sum(c.values()) for c in seeds.values()), seeds.pop('fig5').values()
+    assert {n for c in seeds.values() for n in c.values()} == {10}  # Table 3, Fig. 4, the rerun
+    assert (f' {runs} runs, 10 seeds a setting (Fig. 5\'s grid: {min(grid)} to {max(grid)})'
+            in ' '.join(prose.split()))
     for bullet in bullets:
-        verdict = re.match(r'\*\*(\w+)\*\*', bullet)[1].lower()
-        for number in re.findall(r'(?<![\w.])[-+]\d+\.\d\d\b', bullet):
-            assert any(re.search(rf'(?<![\d.]){re.escape(number)}(?!\d)', c)
-                       for c in cells[verdict]), (verdict, number, bullet)
+        for number in re.finditer(r'(?<![\w.])[-+]\d+\.\d\d\b', bullet):
+            verdict = re.findall(r'(supported|contradicted|inconclusive)',
+                                 bullet[:number.start()].lower())[-1]
+            marked = bullet[number.end():].startswith(', marginal')
+            assert any(re.search(rf'(?<![\d.]){re.escape(number[0])}(?!\d)', c)
+                       for v, m, c in cells if (v, m) == (verdict, marked)), (
+                verdict, marked, number[0], bullet)
+
+
+def test_the_bert_rows_means_now_as_results_md_gives_them_beside_the_old():
+    """The sentence on Table 3's redrawn BERT rows: each row's old and new test micro / macro
+    means; the new, each the mean of its 10 records' F1 (float64, in points), here."""
+    text = ' '.join(open(os.path.join(ROOT, 'RESULTS.md'), encoding='utf-8').read().split())
+    for name, mix in (('BERT', 'none'), ('+ Mixup', 'mixup'), ('+ LH-Mix', 'lhmix')):
+        f1 = []
+        for path in glob.glob(os.path.join(ROOT, 'results', 'records', 'table3', '*',
+                                           'test_metrics.json')):
+            with open(path, encoding='utf-8') as f:
+                record = json.load(f)
+            if (record['args']['arch'], record['args']['mix']) == ('bert', mix):
+                f1.append([100 * record['micro_f1'], 100 * record['macro_f1']])
+        micro, macro = sum(x for x, _ in f1) / len(f1), sum(y for _, y in f1) / len(f1)
+        assert len(f1) == 10 and re.search(
+            rf'[;:] {re.escape(name)} [\d.]+ / [\d.]+, {micro:.2f} / {macro:.2f}[;)]', text), name
 
 
 def test_every_recorded_run_started_from_the_same_label_embeddings():

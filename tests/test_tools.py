@@ -497,6 +497,18 @@ def test_verdict_words_per_measure_and_the_lines(value, p, holm, sign, verdicts,
     assert claims.overall(verdicts) == line
 
 
+def test_a_verdict_that_falls_in_one_family_of_both_measures_is_marked_marginal():
+    """Planted p's: a 0.001 / 0.02, b 0.01 / 0.5; each column's Holm by hand: a 0.002 / 0.02, b
+    0.02 / 0.5; one family of the four: 0.004, 0.03 (0.01 x 3), 0.04 (0.02 x 2), 0.5: nothing
+    marginal. a's second moved to 0.03: its column's Holm 0.03, one family's 0.06: marginal."""
+    for second, words in ((0.02, [['supported', 'supported'], ['supported', 'inconclusive']]),
+                          (0.03, [['supported', 'supported'],
+                                  ['supported (marginal)', 'inconclusive']])):
+        tests = [made((1, 1), (0.001, 0.01)), made((1, 1), (second, 0.5))]
+        claims.correct(tests)
+        assert [t.verdicts() for t in tests] == words
+
+
 def record(folder, micro, macro, depth=None, quartiles=None, relatives=None, **args):
     """A run's record: test_metrics.json (F1 per depth {1: (micro, macro), ...} and per quartile
     [q1 (the rarest), ...], in points; the run's F1 at each where not given) and, given {k: (init,
@@ -575,7 +587,8 @@ def ablation(tmp_path_factory):
 
 
 GLANCE = ['verdict', 'short', 'comparison', 'a', 'b']
-DETAILS = ['claim', 'the paper', 'comparison', 'test', "Holm's p", 'detectable', 'at Holm']
+DETAILS = ['claim', 'the paper', 'comparison', 'test', "Holm's p", 'one family', 'detectable',
+           'at Holm']
 
 
 def claims_out(folders, capsys, *flags):
@@ -591,7 +604,7 @@ def claims_out(folders, capsys, *flags):
             lines = [line[2:-2].split(' | ') for line in block.split('\n')]
             tables.append(lines)
     glance, details = [t for t in tables if len(t[0]) == 5][:2], [t for t in tables
-                                                                   if len(t[0]) == 7]
+                                                                   if len(t[0]) == 8]
     out = []
     for g, d in zip(glance, details):
         assert g[0][0] == 'verdict' and g[1] == ['---'] * 5 and len(g) == len(d)
@@ -607,7 +620,9 @@ def claims_out(folders, capsys, *flags):
             line['difference [95% interval]'] = ' / '.join(c[0] + ']' * (len(c) > 1)
                                                            for c in cells)
             if a[0] != 'cannot be tested here':
-                line['verdict per measure'] = ' / '.join(c[1] for c in cells)
+                line['verdict per measure'] = ' / '.join(c[1].split('; ')[0] for c in cells)
+                line['paired at 100%'] = ' / '.join(c[1].partition('; paired at 100%: ')[2]
+                                                    for c in cells)
             elif line['test'].startswith('cannot'):
                 line['verdict per measure'] = line['test']
             else:  # 'slope (cannot be tested here: ...)': measured all the same
@@ -692,20 +707,23 @@ def check_table(lines, want):
             column = 1 if measures == ['macro_f1'] else i
             family.setdefault(column, []).append((j, i, value[i] * sign, p[i], se[i],
                                                   np.broadcast_to(df, len(measures))[i]))
-    holm = {}
+    holm, everyone = {}, [x for members in family.values() for x in members]
+    strict = dict(zip([x[:2] for x in everyone], holm_by_hand([x[3] for x in everyone])))
     for members in family.values():
         m = len(members)
         for (j, i, v, p, se, df), h in zip(members, holm_by_hand([x[3] for x in members])):
-            word = ('supported' if v > 0 else 'contradicted') if h < 0.05 else \
+            word = ('supported' if v > 0 else 'contradicted') + ' (marginal)' * bool(
+                strict[j, i] >= 0.05) if h < 0.05 else \
                 'inconclusive (Holm)' if p < 0.05 else 'inconclusive'
             at_holm = (t.ppf(1 - 0.025 / m, df) + t.ppf(0.8, df)) * se
-            holm.setdefault(j, {})[i] = (f'{h:.2g}', word, f'{at_holm:.2f}')
+            holm.setdefault(j, {})[i] = (f'{h:.2g}', word, f'{at_holm:.2f}',
+                                         f'{strict[j, i]:.2g}')
     for j, line in enumerate(lines):
         if j in holm:
             cells = [holm[j][i] for i in sorted(holm[j])]
-            assert (line["Holm's p"], line['verdict per measure'], line['at Holm']) == tuple(
-                ' / '.join(c) for c in zip(*cells))
-            words = {w.split()[0] for _, w, _ in cells}
+            assert (line["Holm's p"], line['verdict per measure'], line['at Holm'],
+                    line['one family']) == tuple(' / '.join(c) for c in zip(*cells))
+            words = {w.split()[0] for _, w, *_ in cells}
             assert line['verdict'] == (words.pop() if len(words) == 1 else 'partly')
         elif len(want[j]) > 1:  # measured, but no claim to test
             assert line["Holm's p"] == '' and line['at Holm'] == ''
@@ -808,6 +826,99 @@ def test_the_claims_tables_against_scipy_and_holm_by_hand(ablation, capsys):
         + interval(f1s('alpha10'), f1s('alpha0.1'))[1] + ' |']  # micro-F1: no spread in either
 
 
+def test_the_same_seed_correlations_per_share_by_hand(ablation, capsys):
+    """Per share, the median over the pairs of rows run at the same seeds of Pearson's r between
+    their F1 seed by seed (scipy), micro / macro: at 100% Prompt, + Mixup and + LH-Mix at seeds
+    0-2 (3 pairs), the control and the three BERT rows at 0-1 (6); at 50% 3 pairs; at 10% 6
+    (+ LH-Mix's folders in the seeds' order 2, 0, 1); none at 25%."""
+    import statistics
+    from scipy.stats import pearsonr
+    paragraphs, _ = claims_out(sorted(ablation.iterdir()), capsys)
+    groups = {'100%': [['prompt', 'mixup', 'lhmix'], ['half', 'bert', 'bert-mixup', 'bert-lhmix']],
+              '50%': [['prompt-50', 'mixup-50', 'lhmix-50']],
+              '10%': [['prompt-10', 'mixup-10', 'lhmix-10', 'half-10']]}
+    parts = []
+    for share, found in groups.items():
+        rs = [[pearsonr(f1s(a)[:, i], f1s(b)[:, i])[0] for i in range(2)] for names in found
+              for j, a in enumerate(names) for b in names[j + 1:]]
+        parts.append(f'{share} ' + ' / '.join(f'{statistics.median(r[i] for r in rs):+.2f}'
+                                             for i in range(2)) + f' ({len(rs)} pairs)')
+    assert ('Same-seed r (median over the pairs of rows at a share, micro / macro): '
+            + '; '.join(parts) + '.') in paragraphs
+
+
+def verdict_by_hand(value, p, holm, strict):
+    return (('supported' if value > 0 else 'contradicted') + ' (marginal)' * bool(strict >= 0.05)
+            if holm < 0.05 else 'inconclusive (Holm)' if p < 0.05 else 'inconclusive')
+
+
+def test_the_verdict_paired_at_100_percent_beside_each_that_it_changes(tmp_path, capsys):
+    """Prompt and BERT at seeds 0-2, each seed's Prompt 1 point (give or take 0.1) above its
+    BERT in micro-F1 but 2 points apart seed to seed: Welch's test finds nothing, the paired
+    one does; macro-F1 inconclusive both ways. Each a family of one a column (p = Holm's p), one
+    family of the two; by scipy. Then Fig. 4's gap's change paired by seed: the mean of each
+    seed's gap at 10% minus its gap at 100%, Student's t, by scipy."""
+    from scipy import stats
+    prompt, bert = [(70, 40), (72.1, 45), (74, 41)], [(69, 42), (71, 40), (73.1, 44)]
+    folders = [record(tmp_path / f'{name}-s{s}', micro, macro, seed=s, **args)
+               for name, runs_, args in (('prompt', prompt, {}), ('bert', bert, {'arch': 'bert'}))
+               for s, (micro, macro) in enumerate(runs_)]
+    _, (paper, _) = claims_out(folders, capsys)
+    line = next(line for line in paper if line['comparison'] == 'Prompt − BERT')
+    a, b = np.array(prompt, dtype=float), np.array(bert, dtype=float)
+    words = []
+    for test in (stats.ttest_ind(a, b, equal_var=False), stats.ttest_1samp(a - b, 0)):
+        strict = holm_by_hand(list(test.pvalue))
+        words.append([verdict_by_hand(v, p, p, h) for v, p, h in zip(
+            (a - b).mean(0), test.pvalue, strict)])
+    assert words[0] == ['inconclusive', 'inconclusive'] and words[1][0] == 'supported'
+    assert line['verdict per measure'] == ' / '.join(words[0])
+    assert line['paired at 100%'] == ' / '.join(o * (o != w) for w, o in zip(*words))
+    f1 = {('mixup', 0.1): [(50, 30), (52, 33), (51, 31)],
+          ('lhmix', 0.1): [(51, 34), (52.5, 36), (53, 33)],
+          ('mixup', 1.0): [(70, 45), (71, 47), (72, 44)],
+          ('lhmix', 1.0): [(70.5, 45.5), (71, 48), (73.1, 45)]}
+    folders = [record(tmp_path / f'{arm}-{f}-s{s}', micro, macro, seed=s, mix=arm,
+                      train_fraction=f) for (arm, f), runs_ in f1.items()
+               for s, (micro, macro) in enumerate(runs_)]
+    r = claims.Runs(summary.settings(folders), 1.0, 0.75)
+    f1 = {k: np.array(v, dtype=float) for k, v in f1.items()}
+    gaps = (f1['lhmix', 0.1] - f1['mixup', 0.1]) - (f1['lhmix', 1.0] - f1['mixup', 1.0])
+    want = stats.ttest_1samp(gaps, 0)
+    r.paired = True
+    (got,) = claims.fig4_enlarged(r)
+    assert (got.how, list(got.value), list(got.p)) == (
+        'paired by seed', pytest.approx(list(gaps.mean(0))), pytest.approx(list(want.pvalue)))
+
+
+def test_the_micro_f1_verdicts_at_the_best_dev_micro_f1_epoch(tmp_path, capsys):
+    """--checkpoints: Prompt and BERT at seeds 0-2, two epochs each (dev macro-, micro-F1); the
+    first the best in dev macro-F1 (the checkpoint), the second in dev micro-F1, where Prompt's
+    is 8 points above BERT's (inconclusive at the first). Each run's dev micro-F1 gained from the
+    first epoch to the second, its median and largest; Welch's p of each epoch by scipy, a family
+    of one: the word that changes."""
+    from scipy import stats
+    epochs = {'prompt': [((50, 60), (49, 70)), ((51, 61.5), (50, 70.5)), ((52, 59), (49.5, 71))],
+              'bert': [((48, 60.5), (47, 62)), ((48.5, 60), (47, 62.5)), ((49.2, 61), (48, 63))]}
+    folders = [fake_run(tmp_path / f'{name}-s{s}', 70, 40, history=[(*e, None) for e in run],
+                        seed=s, **({'arch': 'bert'} if name == 'bert' else {}), mix='none')
+               for name, runs_ in epochs.items() for s, run in enumerate(runs_)]
+    paragraphs, _ = claims_out(folders, capsys, '--checkpoints')
+    gain = [b[1] - a[1] for runs_ in epochs.values() for a, b in runs_]
+    words = []
+    for e in (0, 1):
+        a, b = (np.array([run[e] for run in epochs[k]], dtype=float) for k in epochs)
+        p = stats.ttest_ind(a, b, equal_var=False).pvalue
+        words.append(verdict_by_hand((a - b).mean(0)[1], p[1], p[1], 0).split()[0])
+    assert words == ['inconclusive', 'supported']
+    assert paragraphs[-1] == (
+        f'**Checkpoints** (dev level): the best dev micro-F1 epoch is {np.median(gain):.2f} '
+        f'points of dev micro-F1 (median; at most {max(gain):.2f}) above the best dev macro-F1 '
+        "epoch (the checkpoint tested). Table 3's and Fig. 4's 1 micro-F1 verdicts on dev "
+        'scores, best macro / micro epoch: supported 0 / 1, contradicted 0 / 0, inconclusive '
+        '1 / 0; 1 change: Table 3: Prompt above BERT, Prompt − BERT: inconclusive → supported.')
+
+
 def first_lines(tables):
     """{claim: its first line} of each table."""
     return [{line['claim']: line for line in reversed(table)} for table in tables]
@@ -842,7 +953,7 @@ def test_a_rerun_its_spread_by_seed_and_the_verdicts_it_changes(ablation, tmp_pa
         (0, 'Prompt − BERT')]  # the records were made for this line alone to change
     lines = [was[0, 'Prompt − BERT'], now[0, 'Prompt − BERT']]
     assert [line['verdict per measure'] for line in lines] == [
-        'inconclusive / inconclusive', 'supported / inconclusive (Holm)']
+        'inconclusive / inconclusive', 'supported (marginal) / inconclusive (Holm)']
     def cell(line, i):  # one measure's: verdict: difference, Holm's p
         verdict, difference, p = (line[k].split(' / ')[i] for k in (
             'verdict per measure', 'difference [95% interval]', "Holm's p"))
@@ -1123,10 +1234,8 @@ def test_claims_list_provenance_and_refuse_runs_of_other_data(ablation, tmp_path
     folders = [str(root / n) for n in names]
     claims.main(folders)
     assert capsys.readouterr().out.split('\n')[0] == (
-        f'Provenance (test_metrics.json): commits {"f" * 40}: 1 runs, {"f" * 40} (uncommitted '
-        'changes): 1 runs, none (not a git checkout): 1 runs, not recorded: 1 runs; data '
-        '(sha256 of each split as loaded) labels abababababab, train cdcdcdcdcdcd: 3 runs, not '
-        'recorded: 1 runs.')
+        'Provenance (test_metrics.json): runs by commit: fffffff 1, fffffff (uncommitted) 1, '
+        'none (not a git checkout) 1, not recorded 1; data digests: the same 3, not recorded 1.')
     stamp('bert-s0', None, None, digests['ab'])
     assert error_of(lambda: claims.main(folders)) == (
         "error: the runs' data digests (provenance) differ: "

@@ -46,17 +46,24 @@ p < 0.05 and the difference has the paper's sign (ours: the sign the line names)
 where the adjusted p < 0.05 and it has the other sign, else 'inconclusive', written
 'inconclusive (Holm)' where the unadjusted interval clears 0 but the adjusted p does not (the
 interval clears 0 exactly where the unadjusted p < 0.05, and Holm's p is never below it). A
-line's verdict is its measures' where they agree, 'partly' where they differ. 'Cannot be tested
-here': the claim needs models or data that are not here, or a setting lacks two runs; the line
-says which, and what it measured all the same (outside Holm's families). Exploratory
-comparisons, chosen after seeing Fig. 5's grid (its ends in alpha), get an interval and no
-verdict, outside the families.
+verdict that falls in one Holm family of the table's tests of both columns is marked
+'(marginal)'. A line's verdict is its measures' where they agree, 'partly' where they differ.
+The rule at 100% (Welch's) came after the runs: each verdict that pairing by seed at 100% (and
+the gap's change by seed) would give instead is shown beside it where it differs; 'Same-seed
+r' is what pairing could use at each share. 'Cannot be tested here': the claim needs models or
+data that are not here, or a setting lacks two runs; the line says which, and what it measured
+all the same (outside Holm's families). Exploratory comparisons, chosen after seeing Fig. 5's
+grid (its ends in alpha), get an interval and no verdict, outside the families.
 
 Detectable: the smallest true difference that the test finds with 80% power at its observed SE,
 (t(1 - level / 2, df) + t(0.80, df)) SE, the usual approximation (with the noncentral t, the
 power at 5% is 0.77 at 2 df, 0.79 at 4 df): at the two-sided 5% level, and at Holm's strictest
 step, 5% / m, m the tests of its family; a verdict needs Holm's p, so the second is the one that
 a verdict could reach.
+
+Checkpoints (--checkpoints): the micro-F1 tests of Table 3's and Fig. 4's lines on dev scores,
+each run's dev micro-F1 at its best dev macro-F1 epoch (the checkpoint that train.py keeps and
+tests) against at its best dev micro-F1 epoch; a test-level answer needs the runs again.
 
 Rerun (--rerun: one setting's runs made again at the seeds of its runs given): per measure, each
 set's mean and sd, the mean of the same-seed differences with its interval (paired by seed), the
@@ -73,8 +80,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tools.summary import (LEVEL, ROOT, exit_on_error, literals, markdown, row_name, settings,
-                           welch)
+from tools.summary import (LEVEL, ROOT, epochs, exit_on_error, literals, markdown, row_name,
+                           settings, welch)
 
 # + LH-Mix's alpha and beta, train.py's DEFAULTS (it imports torch; tests/test_tools.py holds
 # them equal), and Fig. 6's measure's constants, read from tools/similar.py (it imports torch)
@@ -124,6 +131,7 @@ class Test:
     sign: int = 1
     holm: np.ndarray = None
     m: np.ndarray = None
+    strict: np.ndarray = None  # Holm's p in one family of the table's tests of both measures
 
     def interval(self):
         """The unadjusted 95% interval per measure: value +- t(0.975, df) SE."""
@@ -138,10 +146,13 @@ class Test:
 
     def verdicts(self):
         """Per measure: supported / contradicted where Holm's p < 0.05 (the sign says which),
-        else inconclusive, '(Holm)' where the unadjusted interval clears 0 all the same."""
-        return [('supported' if self.sign * v > 0 else 'contradicted') if h < LEVEL else
+        '(marginal)' where Holm's p in one family of both measures is not; else inconclusive,
+        '(Holm)' where the unadjusted interval clears 0 all the same."""
+        strict = self.holm if self.strict is None else self.strict
+        return [('supported' if self.sign * v > 0 else 'contradicted')
+                + ' (marginal)' * bool(s >= LEVEL) if h < LEVEL else
                 'inconclusive (Holm)' if p < LEVEL else 'inconclusive'
-                for v, p, h in zip(self.value, self.p, self.holm)]
+                for v, p, h, s in zip(self.value, self.p, self.holm, strict)]
 
     def columns(self, words=()):
         """Its cells in columns a and b: difference [interval] per measure, each followed by
@@ -199,15 +210,18 @@ def holm(ps):
 
 def correct(tests):
     """Sets each test's Holm's p and family size: per column (COLUMN), over the tests given that
-    claim a sign."""
+    claim a sign; and its Holm's p in one family of those tests of both columns (strict)."""
     family = {}
     for test in tests:
-        test.holm, test.m = np.full(len(test.p), np.nan), np.full(len(test.p), np.nan)
+        test.holm, test.m, test.strict = (np.full(len(test.p), np.nan) for _ in range(3))
         for i, m in enumerate(test.measures if test.sign else ()):
             family.setdefault(COLUMN[m], []).append((test, i))
     for members in family.values():
         for (test, i), h in zip(members, holm([test.p[i] for test, i in members])):
             test.holm[i], test.m[i] = h, len(members)
+    members = [x for column in family.values() for x in column]
+    for (test, i), h in zip(members, holm([test.p[i] for test, i in members])):
+        test.strict[i] = h
 
 
 def f1(runs_):
@@ -228,6 +242,7 @@ class Runs:
                 'compare the settings of one data set and one protocol; give those runs only')
         self.alpha, self.beta = alpha, beta
         self.data = groups[0].args['data']
+        self.paired = False  # at 100% too: the other rule, shown beside the verdicts it moves
 
     def replaced(self, old, new):
         """These runs with the setting `old` (a Setting of them) made again: `new`'s runs."""
@@ -257,10 +272,15 @@ class Runs:
 
     def compare(self, a, b, fraction=1.0, what=None):
         """Test: row a − row b at a share of the training data: paired by seed below 100%,
-        where the seed draws the subset that both train on; Welch's at 100%, where it does not."""
+        where the seed draws the subset that both train on; Welch's at 100%, where it does not
+        (unless self.paired)."""
         what = what or f'{a} − {b}'
-        if fraction == 1:
+        if fraction == 1 and not self.paired:
             return welch_test(what, f1(self.of(a)), f1(self.of(b)))
+        return paired_test(what, self.by_seed(a, b, fraction)[1])
+
+    def by_seed(self, a, b, fraction=1.0):
+        """(the seeds, (seeds, 2) the F1 of row a's run − row b's at each), at a share."""
         found = [sorted(self.of(name, fraction), key=lambda t: t['args']['seed'])
                  for name in (a, b)]
         seeds = [[t['args']['seed'] for t in f] for f in found]
@@ -268,7 +288,7 @@ class Runs:
             raise Untestable('a test paired by seed needs the same seeds, once each: ' + '; '.join(
                 f'{name} at {100 * fraction:g}% has seeds ' + ', '.join(map(str, s))
                 for name, s in zip((a, b), seeds)))
-        return paired_test(what, f1(found[0]) - f1(found[1]))
+        return seeds[0], f1(found[0]) - f1(found[1])
 
 
 def paper(*pairs):
@@ -293,8 +313,15 @@ def fig4_generally(r):
 
 
 def fig4_enlarged(r):
-    return [change_test('(+ LH-Mix − + Mixup) at 10% − at 100%', r.compare(*GAP, 0.1),
-                        r.compare(*GAP))]
+    """Independent runs at 10% and 100%; paired at 100% too (r.paired), the seed's gap at 10%
+    minus its gap at 100%."""
+    what = '(+ LH-Mix − + Mixup) at 10% − at 100%'
+    if not r.paired:
+        return [change_test(what, r.compare(*GAP, 0.1), r.compare(*GAP))]
+    (seeds, low), (at_full, full) = r.by_seed(*GAP, 0.1), r.by_seed(*GAP)
+    if seeds != at_full:
+        raise Untestable('pairing the gaps by seed needs the same seeds at 10% and 100%')
+    return [paired_test(what, low - full)]
 
 
 def grid(r, x, fixed):
@@ -518,34 +545,39 @@ def head(*cells):
     return markdown(cells) + '\n' + markdown(['---'] * len(cells))
 
 
-def glance(rows, measured):
+def glance(rows, measured, paired):
     """Prints a line per test: its verdict, the claim's label (once a claim), the comparison, and
-    a / b each with its verdict; a claim that cannot be tested, so."""
+    a / b each with its verdict, and beside it the verdict paired at 100% (`paired`: the tables so
+    measured) where that differs; a claim that cannot be tested, so."""
     print(head('verdict', 'claim', 'comparison', 'a: micro-F1 [95% interval]',
                'b: macro-F1 [95% interval]'))
     last = None
-    for (short, *_), test, why in lines(rows, measured):
-        words = [] if why else test.verdicts()
-        print(markdown([why.split(':')[0] if why else overall(words), short * (short != last),
-                        test.what if test else '', *(test.columns(words) if test else ['', ''])]))
+    for ((short, *_), test, why), (_, other, other_why) in zip(lines(rows, measured),
+                                                               lines(rows, paired)):
+        words = [] if why else [w + f'; paired at 100%: {o}' * (o != w) for w, o in zip(
+            test.verdicts(), other.verdicts() if other and not other_why else test.verdicts())]
+        print(markdown([why.split(':')[0] if why else overall(test.verdicts()),
+                        short * (short != last), test.what if test else '',
+                        *(test.columns(words) if test else ['', ''])]))
         last = short
 
 
 def details(rows, measured):
     """Prints a line per test: the claim in the paper's words and its figures (once a claim),
     how tested, Holm's p, the detectable difference at 5% and at Holm's strictest step; a / b."""
-    print(head('claim', 'the paper', 'comparison', 'test', "Holm's p", 'detectable at 5%',
-               'at 5% / m'))
+    print(head('claim', 'the paper', 'comparison', 'test', "Holm's p", 'one family',
+               'detectable at 5%', 'at 5% / m'))
     last = None
     for (short, words, said, _), test, why in lines(rows, measured):
         first = [words, said] if short != last else ['', '']
         last = short
         if not test:
-            print(markdown([*first, '', why, '', '', '']))
+            print(markdown([*first, '', why, '', '', '', '']))
             continue
         tested = test.sign and not why
         print(markdown([*first, test.what, test.how + (f' ({why})' if why else ''),
-                        ' / '.join(f'{h:.2g}' for h in test.holm) if tested else '',
+                        *(' / '.join(f'{h:.2g}' for h in x) if tested else ''
+                          for x in (test.holm, test.strict)),
                         ' / '.join(f'{d:.2f}' for d in test.detectable()),
                         ' / '.join(f'{d:.2f}' for d in test.detectable(LEVEL / test.m))
                         if tested else '']))
@@ -568,17 +600,76 @@ def provenance(groups):
     def commit(p):
         if 'commit' not in p:
             return 'not recorded'
-        return f'{p["commit"] or "none (not a git checkout)"}' + ' (uncommitted changes)' * bool(
+        return ((p['commit'] or '')[:7] or 'none (not a git checkout)') + ' (uncommitted)' * bool(
             p.get('dirty'))
 
     def digests(p):
-        return ', '.join(f'{k} {v[:12]}' for k, v in p['data'].items()) if p.get('data') else \
-            'not recorded'
+        return 'the same' if p.get('data') else 'not recorded'
     print('Provenance (test_metrics.json): ' + '; '.join(
-        f'{what} {", ".join(f"{v}: {n} runs" for v, n in Counter(map(of, found)).items())}'
-        for what, of in (('commits', lambda fp: commit(fp[1])),
-                         ('data (sha256 of each split as loaded)', lambda fp: digests(fp[1]))))
-        + '.')
+        f'{what}: {", ".join(f"{v} {n}" for v, n in Counter(map(of, found)).items())}'
+        for what, of in (('runs by commit', lambda fp: commit(fp[1])),
+                         ('data digests', lambda fp: digests(fp[1])))) + '.')
+
+
+ROWS = ('Prompt', 'Prompt + Mixup', 'Prompt + LH-Mix', CONTROL, 'BERT', 'BERT + Mixup',
+        'BERT + LH-Mix')
+
+
+def same_seed(r):
+    """Prints, per share of the data, the median over pairs of rows at the same seeds of the
+    Pearson r between their runs' F1 seed by seed, micro / macro: what pairing by seed can use."""
+    out = []
+    for f in SHARES:
+        found = {}
+        for name in ROWS:
+            try:
+                runs_ = sorted(r.of(name, f), key=lambda t: t['args']['seed'])
+            except Untestable:
+                continue
+            found.setdefault(tuple(t['args']['seed'] for t in runs_), []).append(f1(runs_))
+        rs = [[np.corrcoef(x[:, i], y[:, i])[0, 1] for i in range(2)] for group in
+              found.values() for j, x in enumerate(group) for y in group[j + 1:]]
+        if rs:
+            out.append(f'{100 * f:g}% ' + ' / '.join(f'{x:+.2f}' for x in np.median(rs, 0))
+                       + f' ({len(rs)} pairs)')
+    if out:
+        print('\nSame-seed r (median over the pairs of rows at a share, micro / macro): '
+              + '; '.join(out) + '.')
+
+
+def at_dev(r, key):
+    """These runs, each run's test F1 replaced by its dev F1 at the epoch of its best `key`
+    (metrics.jsonl's dev_micro_f1 or dev_macro_f1; the first of equal ones)."""
+    out = copy.copy(r)
+    out.groups = []
+    for s in r.groups:
+        s = copy.copy(s)
+        s.tests = [dict(t, **{m: best[f'dev_{m}'] for m in F1}) for t, best in zip(s.tests, (
+            max(epochs(f), key=lambda e: e[key]) for f in s.folders))]
+        out.groups.append(s)
+    return out
+
+
+def checkpoints(r):
+    """Prints the micro-F1 verdicts of Table 3's and Fig. 4's lines at dev level, each run's dev
+    F1 at its best dev macro-F1 epoch (its checkpoint) and at its best dev micro-F1 epoch."""
+    rows = [row for row in PAPER if row[0].startswith(('Table 3', 'Fig. 4'))]
+    by = {key: lines(rows, measure(rows, at_dev(r, f'dev_{key}'))) for key in F1}
+    gain = [100 * (b['micro_f1'] - a['micro_f1']) for a, b in zip(*(
+        [t for s in at_dev(r, f'dev_{key}').groups for t in s.tests] for key in F1[::-1]))]
+    words = {key: [test.verdicts()[0] for _, test, why in found if test and not why]
+                   for key, found in by.items()}
+    moved = [f'{row[0]}, {test.what}: {w} → {v}' for (row, test, why), w, v in zip(
+        [x for x in by['macro_f1'] if x[1] and not x[2]], words['macro_f1'], words['micro_f1'])
+        if w.split()[0] != v.split()[0]]
+    print(f'\n**Checkpoints** (dev level): the best dev micro-F1 epoch is {np.median(gain):.2f} '
+          f'points of dev micro-F1 (median; at most {max(gain):.2f}) above the best dev macro-F1 '
+          f"epoch (the checkpoint tested). Table 3's and Fig. 4's {len(words['micro_f1'])} "
+          'micro-F1 verdicts on dev scores, best macro / micro epoch: ' + ', '.join(
+              f'{w} {sum(v.split()[0] == w for v in words["macro_f1"])} / '
+              f'{sum(v.split()[0] == w for v in words["micro_f1"])}'
+              for w in ('supported', 'contradicted', 'inconclusive')) + '; '
+          + (f'{len(moved)} change: ' + '; '.join(moved) if moved else 'none changes') + '.')
 
 
 def rerun_of(r, folders):
@@ -654,18 +745,18 @@ def claims(args):
     provenance(r.groups + ([again_runs] if args.rerun else []))
     tables = [(title, rows, measure(rows, r)) for title, rows in (
         ("The paper's claims", PAPER), ('Our own tests', OURS))]
+    r.paired = True
+    paired = [measure(rows, r) for _, rows, _ in tables]
+    r.paired = False
     n = sum(len(s.folders) for s in r.groups)
-    print(f"\nThe claims of the paper's Sec. 5 against {n} runs of --data {r.data}, then our own "
-          'tests, apart. a / b: test micro- / macro-F1 in points (unless the line says '
-          'otherwise), each with its unadjusted 95% interval and its verdict: supported '
-          "(contradicted) where Holm's p, adjusted per table and column, is below 0.05 and the "
-          "difference has the paper's sign (the other), else inconclusive, '(Holm)' where only "
-          "the interval clears 0; a line is partly where its measures differ. The rules: "
-          "tools/claims.py's docstring (python -m tools.claims -h).")
-    for title, rows, measured in tables:
+    print(f'\n{n} runs of --data {r.data}. a / b: test micro- / macro-F1 in points (unless the '
+          'line says otherwise), unadjusted 95% interval, verdict (rules: python -m tools.claims '
+          '-h).')
+    same_seed(r)
+    for (title, rows, measured), other in zip(tables, paired):
         print(f'\n**{title}**' + (', in short (its words: below):' if rows is PAPER else
                                    ', not claims of the paper:') + '\n')
-        glance(rows, measured)
+        glance(rows, measured, other)
     try:
         picked = grid_ends(r)
         print('\n**Exploratory**, picked after seeing the grid of Fig. 5: no verdict, outside '
@@ -678,13 +769,14 @@ def claims(args):
     m = [' and '.join(f'{n:g}' for n in dict.fromkeys(  # x == x: not NaN, a test in a family
         x for tests, _ in measured for t in tests for x in t.m if x == x))
         for *_, measured in tables]
-    print("\n**The details**: the paper's words and figures (its figures give no numbers in its "
-          "text), each test, Holm's p, and the difference detectable with 80% power, at 5% and "
-          f"at 5% / m, m the tests of Holm's family (a and b: the paper's claims {m[0]}, ours "
-          f'{m[1]}); a / b:')
+    print("\n**The details**: the paper's words and figures, each test, Holm's p (per column; "
+          'one family: of both), the difference detectable with 80% power at 5% and at 5% / m '
+          f"(m: a and b, the paper's claims {m[0]}, ours {m[1]}); a / b:")
     for title, rows, measured in tables:
         print()
         details(rows, measured)
+    if args.checkpoints:
+        checkpoints(r)
     if args.rerun:
         again = [(title, rows, measure(rows, r.replaced(first, again_runs)))
                  for title, rows, _ in tables]
@@ -703,6 +795,9 @@ def main(argv=None):
     p.add_argument('--rerun', nargs='+', metavar='RUN', default=[],
                    help='the runs of one setting made again at its seeds: their spread against '
                    'the first runs, and the verdicts that change with them in their place')
+    p.add_argument('--checkpoints', action='store_true',
+                   help="Table 3's and Fig. 4's micro-F1 verdicts at dev level, each run at its "
+                   'best dev macro-F1 epoch and at its best dev micro-F1 epoch (metrics.jsonl)')
     exit_on_error(claims, p.parse_args(argv))
 
 

@@ -15,7 +15,10 @@ names them, each into --out as NAME.svg (or .png):
                         (Fig. 7)
   claims                every tested line of tools/claims.py's two tables (only when named: its
                         runs must be one study's): each difference with its 95% interval, a panel
-                        a measure, the verdict by marker and colour, the paper's side shaded
+                        a measure, the verdict by marker and colour (hollow: marginal), the
+                        paper's side shaded, our own tests below a line
+  claims_headline       the same, of the headline claims alone (HEADLINE), larger (only when
+                        named)
 
 A setting has its row's colour (ROWS) in every figure; several settings of one row, shades of it.
 A figure whose runs are not given is skipped, in a line saying what it needs. Needs matplotlib and
@@ -23,7 +26,7 @@ scipy (pip install matplotlib scipy); the reference does not.
 
     python -m tools.plot out/demo-prompt-lhmix-s? out/demo-prompt-mixup-s?
     python -m tools.plot runs/*-s? --out figures --format png
-    python -m tools.plot results/records/*/* --figures claims --out results/figures
+    python -m tools.plot results/records/*/* --figures claims claims_headline --out results/figures
 """
 import argparse
 import io
@@ -339,59 +342,81 @@ def fig7(fig, groups):
                  'setting without Mixup, in points')
 
 
-# The claims figure's verdicts: (marker, colour), each told apart by both
+# The claims figure's verdicts: (marker, colour), each told apart by both; a marginal one (it
+# falls in one Holm family of both measures) hollow
 VERDICTS = {'supported': ('o', 'C2'), 'contradicted': ('X', 'C3'),
             'inconclusive (Holm)': ('D', 'C1'), 'inconclusive': ('s', '0.55')}
+# The README's figure: the lines of these claims, at most 14
+HEADLINE = ('Table 3: Prompt above BERT', 'Table 3: + Mixup above its base',
+            'Table 3: + LH-Mix above + Mixup', 'Fig. 4: mixing above Prompt at 10%',
+            'Fig. 4: + LH-Mix above + Mixup', 'Fig. 4: that gap larger at 10%',
+            'Fig. 6: labels nearer their relatives after training',
+            'LH-Mix above the λ = 0.5 control at 100%')
 
 
-def forest(fig, groups):
-    """Every line of tools/claims.py's two tables that has a verdict, a row each, top down in
-    the tables' order (ours after the paper's, 'ours:'): in panel a (micro-F1; Fig. 6: the 3
-    nearest) and b (macro-F1; Fig. 6: the 15 nearest) its difference (a marker of its verdict)
-    and 95% interval; 0 as a line; the side that the claim predicts shaded; a measure that the
-    line lacks, said in its place."""
+def forest(fig, groups, headline=False):
+    """Every line of tools/claims.py's two tables that has a verdict (headline: of HEADLINE's
+    claims), a row each, top down in the tables' order, ours after the paper's below a line and
+    a heading; in panel a (micro-F1; Fig. 6: the 3 nearest) and b (macro-F1; Fig. 6: the 15
+    nearest) its difference (a marker of its verdict, hollow where marginal) and 95% interval;
+    0 as a line; the side that the claim predicts shaded; a measure that the line lacks, said in
+    its place."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
     r = claims.Runs(groups, claims.DEFAULTS['alpha'], claims.DEFAULTS['beta'])
-    rows = [('Ours: ' * (table is claims.OURS) + short, test) for table in (claims.PAPER,
-                                                                           claims.OURS)
+    rows = [(table is claims.OURS, short, test) for table in (claims.PAPER, claims.OURS)
             for (short, *_), test, why in claims.lines(table, claims.measure(table, r))
-            if test and not why]
+            if test and not why and (not headline or short in HEADLINE)]
     if not rows:
         return "needs the runs of a claim's test (tools/claims.py)"
-    fig.set_size_inches(12, 1.6 + 0.36 * len(rows))
+    ys = [y + ours for y, (ours, *_) in enumerate(rows)]  # a row's gap before ours
+    size = 9 if headline else 7
+    fig.set_size_inches(9 if headline else 12, 1.6 + (0.42 if headline else 0.36) * ys[-1])
     axes = fig.subplots(1, 2, sharey=True)
     for c, ax in enumerate(axes):
-        spans = [x for _, t in rows for i, m in enumerate(t.measures) if claims.COLUMN[m] == c
+        spans = [x for *_, t in rows for i, m in enumerate(t.measures) if claims.COLUMN[m] == c
                  for x in (t.interval()[0][i], t.interval()[1][i])]
         lo, hi = min(0, *spans), max(0, *spans)
         lo, hi = lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo)
-        for y, (_, t) in enumerate(rows):
+        for y, (*_, t) in zip(ys, rows):
             at = [i for i, m in enumerate(t.measures) if claims.COLUMN[m] == c]
             if not at:
                 ax.text(0, y, f'({"macro" if c == 0 else "micro"}-F1 only)', ha='center',
-                        va='center', fontsize=7, color='0.4', gid=f'claims-{c}-none-{y}')
+                        va='center', fontsize=size, color='0.4', gid=f'claims-{c}-none-{y}')
                 continue
             i, (low, high) = at[0], (x[at[0]] for x in t.interval())
             ax.barh(y, hi if t.sign > 0 else lo, 0.9, color='C2', alpha=0.12, lw=0,
                     gid=f'claims-{c}-side-{y}')
             ax.plot([low, high], [y, y], color='k', lw=1, gid=f'claims-{c}-interval-{y}')
-            marker, colour = VERDICTS[t.verdicts()[i]]
-            ax.plot([t.value[i]], [y], marker, color=colour, ms=7, gid=f'claims-{c}-{y}')
+            verdict = t.verdicts()[i]
+            marker, colour = VERDICTS[verdict.removesuffix(' (marginal)')]
+            ax.plot([t.value[i]], [y], marker, color=colour, ms=7, gid=f'claims-{c}-{y}',
+                    mfc='white' if verdict.endswith('(marginal)') else colour)
+        if len(ys) > len(set(ys) & set(range(len(rows)))):  # ours apart
+            split = ys[[ours for ours, *_ in rows].index(True)] - 1
+            ax.axhline(split, color='k', lw=0.8, ls='--', gid=f'claims-{c}-split')
+            if c == 0:
+                ax.text(lo, split, "our own tests, not the paper's claims, below", va='center',
+                        fontsize=size, backgroundcolor='white', gid='claims-ours')
         ax.axvline(0, color='k', lw=0.8, gid=f'claims-{c}-zero')
         ax.set_xlim(lo, hi)
-        ax.set(xlabel='difference, points (slopes: points per unit)',
+        ax.set(xlabel='difference, points' + ' (slopes: points per unit)' * any(
+                   'slope' in t.what for *_, t in rows),
                title=f'{"ab"[c]}: {claims.WORDS[claims.F1[c]]} (Fig. 6: {claims.K[c]} nearest)')
-    labels = [f'{short}\n{t.what}'.replace(f', {claims.NEAREST}', '') for short, t in rows]
-    axes[0].set_yticks(range(len(rows)), labels, fontsize=7)
+    labels = [f'{short}\n{t.what}'.replace(f', {claims.NEAREST}', '') for _, short, t in rows]
+    axes[0].set_yticks(ys, labels, fontsize=size)
     axes[0].invert_yaxis()  # the axes share y: the first line on top in both
     fig.legend(handles=[*(Line2D([], [], ls='none', marker=m, color=c, label=v)
                           for v, (m, c) in VERDICTS.items()),
+                        Line2D([], [], ls='none', marker='o', color='C2', mfc='white',
+                               label='marginal'),
                         Patch(color='C2', alpha=0.12, label="the claim's side of 0")],
-               ncols=5, loc='outside lower center')
+               ncols=3 if headline else 6, loc='outside lower center', fontsize=size)
     fig.suptitle(f'The claims against {sum(len(s.folders) for s in groups)} runs of --data '
                  f"{r.data}: each difference with its 95% interval; verdict after Holm's "
-                 'correction (marker, colour)')
+                 'correction (marker, colour)' if not headline else 'Headline claims against '
+                 f'{sum(len(s.folders) for s in groups)} runs of --data {r.data}: difference, '
+                 "95% interval, verdict", fontsize=size + 2)
 
 
 def plot(args):
@@ -411,11 +436,13 @@ def plot(args):
                'fig4_train_fraction': lambda fig: fig4(fig, groups),
                'fig5_alpha_beta': lambda fig: fig5(fig, groups),
                'fig7_depth_frequency': lambda fig: fig7(fig, groups),
-               'claims': lambda fig: forest(fig, groups)}
+               'claims': lambda fig: forest(fig, groups),
+               'claims_headline': lambda fig: forest(fig, groups, headline=True)}
     unknown = set(args.figures or ()) - set(figures)
     if unknown:
         raise ValueError(f'--figures {" ".join(sorted(unknown))}: not one of {", ".join(figures)}')
-    figures = {k: v for k, v in figures.items() if k in (args.figures or set(figures) - {'claims'})}
+    named = {'claims', 'claims_headline'}  # drawn only when named
+    figures = {k: v for k, v in figures.items() if k in (args.figures or set(figures) - named)}
     os.makedirs(args.out, exist_ok=True)
     paths = {name: os.path.join(args.out, f'{name}.{args.format}') for name in figures}
     for path in paths.values():  # replace only the figures of an earlier call
