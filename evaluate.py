@@ -80,7 +80,8 @@ def classify(model, tokenizer, texts):
 def prediction_lines(hierarchy, predicted):
     """Return the --save-predictions file of label-id sets: a line {"labels": [...]} a document,
     in the tree's order."""
-    return ''.join(json.dumps({'labels': [hierarchy.labels[v] for v in sorted(ids)]}) + '\n'
+    return ''.join(json.dumps({'labels': [hierarchy.labels[v] for v in sorted(ids)]},
+                              ensure_ascii=False) + '\n'
                    for ids in predicted)
 
 
@@ -114,7 +115,7 @@ def evaluate(args):
             h = model.hierarchy
             runs.write_whole(args.save_predictions, prediction_lines(
                 h, ([h.index[v] for v in r['labels']] for r in out)))
-        print(''.join(json.dumps(r) + '\n' for r in out), end='')
+        print(''.join(json.dumps(r, ensure_ascii=False) + '\n' for r in out), end='')
         cut = sum(r['truncated'] for r in out)
         if cut:
             print(f'{cut} of {len(out)} texts truncated to max_length {model.max_length}',

@@ -49,7 +49,9 @@ DEFAULTS = {
     'seed': 0,
 }
 # --model tiny (a 2-layer BERT built from the data) learns faster, on less; --data demo is it.
-TINY = {'lr': 1e-3, 'warmup_epochs': 4, 'max_length': 128}
+# Its stop waits longer: on a small data set an epoch is a few steps, and dev macro-F1 can stay 0
+# for more than 5 epochs before it rises.
+TINY = {'lr': 1e-3, 'warmup_epochs': 4, 'max_length': 128, 'early_stop': 20}
 DEMO = {'model': 'tiny', 'epochs': 12}
 # What each number may be, which -h shows and parse() checks (lhmix checks --max-length).
 POSITIVE, COUNT = ('> 0', lambda x: x > 0), ('>= 1', lambda x: x >= 1)
@@ -265,7 +267,8 @@ def fit(run):
 
 def test(run, started):
     """The best-dev checkpoint's test figures, as evaluate.py computes them, and where the run
-    came from (runs.provenance); the line ends with the run's time since `started`."""
+    came from (runs.provenance); the line ends with the run's time since `started`. A run whose
+    best dev macro-F1 is 0 learned nothing: likely, it stopped too soon; it ends in an error."""
     best, _, meta = runs.load_checkpoint(os.path.join(run.folder.path, 'best'), run.args.device)
     result = {**evaluate.report(lhmix.score_documents(best, run.tokens['test']) > 0,
                                 run.gold['test'], best.hierarchy, run.train_labels),
@@ -276,6 +279,8 @@ def test(run, started):
     print(f"test micro-F1 {100 * result['micro_f1']:.2f}  macro-F1 {100 * result['macro_f1']:.2f}"
           f"  (best dev epoch {meta['epoch']}, {run.args.out}; {time.time() - started:.0f} s in "
           'all)')
+    if not any(h['dev_macro_f1'] for h in run.history):
+        raise ValueError('stopped too soon (dev macro-F1 0): try a larger --early-stop or --lr')
 
 
 def train(args, given):

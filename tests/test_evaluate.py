@@ -2,6 +2,8 @@
 import json
 import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -259,6 +261,31 @@ def test_texts_one_json_line_per_input_line(tmp_path, capsys):
         assert r['labels'] == ['Sci', 'Sci/quantum_physics/optics'] == [
             h.labels[v] for v in range(len(h)) if s[v] > 0]
         assert r['paths'] == [[h.names[0], h.names[5]]]  # the unpredicted ancestor left out
+
+
+def test_accented_names_are_written_as_utf_8_json_even_under_the_c_locale(tmp_path):
+    """evaluate.py run as a script under LC_ALL=C, with accented label names all predicted (label
+    biases +9): its JSON lines on stdout and in --save-predictions hold the names as written, in
+    UTF-8 bytes, with no \\u escape."""
+    h = lhmix.Hierarchy({'Électroménager': None, 'Électroménager/Réfrigérateurs': 'Électroménager',
+                         'Jardin': None})
+    model, tok = tiny_model(h)
+    with torch.no_grad():
+        model.label_bias.fill_(9.0)
+    runs.save_checkpoint(tmp_path / 'ck', model, tok, {})
+    env = {**os.environ, 'LC_ALL': 'C', 'LANG': 'C', 'CUDA_VISIBLE_DEVICES': ''}
+    env.pop('PYTHONIOENCODING', None)
+    out = subprocess.run([sys.executable, evaluate.__file__, '--ckpt',
+                          str(tmp_path / 'ck'), '--texts', '-', '--save-predictions',
+                          str(tmp_path / 'p.jsonl')], input=b'un frigo\n', env=env,
+                         capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    labels = '"labels": ["Électroménager", "Jardin", "Électroménager/Réfrigérateurs"]'
+    assert out.stdout.decode('utf-8').startswith('{' + labels + ', "paths": [["Électroménager", '
+                                                 '"Réfrigérateurs"], ["Jardin"]], "scores": {')
+    assert b'\\u' not in out.stdout
+    assert (tmp_path / 'p.jsonl').read_bytes() == (
+        '{"labels": ["Électroménager", "Électroménager/Réfrigérateurs", "Jardin"]}\n'.encode())
 
 
 def test_texts_threshold_is_a_score_above_0_at_its_depth(tmp_path, capsys):

@@ -41,8 +41,8 @@ def _run_steps(model, docs, labels, ids, device, mix, graphs, steps=10):
 def test_a_run_on_the_gpu_and_its_resumption(tmp_path):
     """LH-Mix with Mixup from the first epoch on the GPU (graphed steps where CUDA graphs run, the
     local hierarchies' table on the GPU), then resumed there: train.py's device path end to end."""
-    argv = ['--data', 'demo', '--model', 'tiny', '--device', 'cuda', '--train-fraction', '0.05',
-            '--warmup-epochs', '0', '--out', str(tmp_path / 'run')]
+    argv = ['--data', 'demo', '--model', 'tiny', '--device', 'cuda', '--train-fraction', '0.01',
+            '--warmup-epochs', '0', '--out', str(tmp_path / 'run')]  # 12 documents: it learns
     train.main(argv + ['--epochs', '1'])
     train.main(argv + ['--epochs', '2', '--resume'])
     assert [m['mix'] for m in read_metrics(tmp_path / 'run')] == [True, True]

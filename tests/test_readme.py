@@ -69,6 +69,22 @@ def test_the_own_data_example_runs_as_written(tmp_path):
     assert (h.labels, h.depth) == (['CS', 'Math', 'Machine Learning', 'Statistics', 'Geometry'],
                                    [1, 1, 2, 2, 2])
     assert [h.labels[p] for p in h.parent[2:]] == ['CS', 'Math', 'Math']
+    # The resume command of "Run folders", as written: this run is finished. A run of 3 epochs in
+    # its place, resumed so with --epochs 5, trains epochs 3 and 4 in the same folder, then tests.
+    resume = ' '.join(re.search(r'`(python train.py --data data/mine\s+--resume)`',
+                                section('Run folders'))[1].split()).split()
+    epochs = len((run / 'metrics.jsonl').read_text().splitlines())
+    out = subprocess.run(resume, cwd=tmp_path, env=env, text=True, capture_output=True)
+    assert (out.returncode, out.stdout.splitlines(), out.stderr) == (0, lines[:1], (
+        f'--resume: out/mine-prompt-lhmix-s0 is finished ({epochs} epochs); nothing to do\n'))
+    for argv in (blocks[-1][1].splitlines()[-1].split() + ['--epochs', '3', '--overwrite'],
+                 resume + ['--epochs', '5']):
+        out = subprocess.run(argv, cwd=tmp_path, env=env, text=True, capture_output=True)
+        assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [line[:9] for line in lines[1:-1]] == ['epoch   3', 'epoch   4'], lines
+    assert lines[-1].startswith('test micro-F1') and 'out/mine-prompt-lhmix-s0; ' in lines[-1]
+    assert len((run / 'metrics.jsonl').read_text().splitlines()) == 5
 
 
 def test_the_checkpoint_example_runs_as_a_file_in_the_repository_folder(tmp_path):
@@ -145,3 +161,61 @@ def test_a_depth_4_data_set_with_accented_names_learns_with_the_readmes_command(
     assert lines[0].startswith('18 labels, depth 4; documents train 160, dev 40, test 40')
     macro = float(re.match(r'test micro-F1 [\d.]+  macro-F1 ([\d.]+)', lines[-1])[1])
     assert macro >= 80, lines[-1]
+
+
+
+CATALOGUE = {  # a shop's catalogue of depth 3: French names with accents, spaces and dashes
+    'Électroménager': {'Cuisine': ['Réfrigérateurs', 'Cafetières'],
+                       'Entretien': ['Aspirateurs', 'Lave-linge']},
+    'Jardin': {'Outillage': ['Tondeuses', 'Sécateurs'],
+               'Mobilier': ['Chaises longues', 'Parasols']},
+    'Épicerie': {'Boissons': ['Cafés', 'Thés'], 'Crèmerie': ['Fromages', 'Yaourts']}}
+WORDS = {  # each leaf's own words in a product's description, none of them a label's name
+    'Réfrigérateurs': 'froid congélateur givre', 'Cafetières': 'expresso filtre moulin',
+    'Aspirateurs': 'poussière sac cyclonique', 'Lave-linge': 'tambour essorage lessive',
+    'Tondeuses': 'gazon herbe coupe', 'Sécateurs': 'taille rosiers lame',
+    'Chaises longues': 'transat détente toile', 'Parasols': 'ombre soleil inclinable',
+    'Cafés': 'arabica torréfié grains', 'Thés': 'infusion théière feuilles',
+    'Fromages': 'affiné brebis comté', 'Yaourts': 'lait fermenté nature'}
+
+
+def test_a_depth_3_catalogue_with_accented_names_learns_with_the_readmes_command(tmp_path):
+    """The README's own-data command, as written, on another folder of its format: a catalogue of
+    21 labels of depth 3 with accented names, 80 training documents (product descriptions: their
+    leaf's own words, never its name, among 30 words shared by all; a fifth of them in two leaves
+    of two departments), 24 dev, 24 test. It reaches test macro-F1 70 or more (80.67 at best dev
+    epoch 66 with torch 2.13 on a CPU, in about 30 s)."""
+    import json
+    import numpy as np
+    folder = tmp_path / 'data' / 'mine'
+    folder.mkdir(parents=True)
+    lines, leaves = ['\t'.join(['Root', *CATALOGUE])], []
+    for top, below in CATALOGUE.items():
+        lines.append('\t'.join([top, *below]))
+        for middle, names in below.items():
+            lines.append('\t'.join([middle, *names]))
+            leaves += [(top, name) for name in names]
+    (folder / 'mine.taxonomy').write_text('\n'.join(lines) + '\n', 'utf-8')
+    rng = np.random.default_rng(1)
+    shared = ['prix', 'livraison', 'garantie', 'qualité', 'économique', 'écologique', 'marque',
+              'modèle', 'idéal', 'pratique'] + [f'réf{i}' for i in range(20)]
+    for split, n in (('train', 80), ('dev', 24), ('test', 24)):
+        docs = []
+        for _ in range(n):
+            first = leaves[rng.integers(len(leaves))]
+            others = [leaf for leaf in leaves if leaf[0] != first[0]]
+            chosen = [first] + ([others[rng.integers(len(others))]] if rng.random() < 0.2 else [])
+            own = [w for _, name in chosen for w in WORDS[name].split()]
+            docs.append(json.dumps({'token': ' '.join(
+                own[rng.integers(len(own))] if rng.random() < 0.8 else
+                shared[rng.integers(len(shared))] for _ in range(int(rng.integers(6, 12)))),
+                'label': [name for _, name in chosen]}, ensure_ascii=False))
+        (folder / f'mine_{split}.json').write_text('\n'.join(docs) + '\n', 'utf-8')
+    command = re.findall(r'^python train.py .*$', section('Your own data'), re.M)[-1]
+    out = subprocess.run(command.split(), cwd=tmp_path, env=repository(tmp_path), text=True,
+                         capture_output=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith('21 labels, depth 3; documents train 80, dev 24, test 24')
+    macro = float(re.match(r'test micro-F1 [\d.]+  macro-F1 ([\d.]+)', lines[-1])[1])
+    assert macro >= 70, lines[-1]

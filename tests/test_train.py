@@ -125,14 +125,16 @@ def test_a_mixup_run_whose_epochs_end_in_its_warm_up_says_mixup_never_starts(tmp
 
 def test_a_label_named_by_no_word_piece_is_named_in_one_warning_and_the_run_trains(tmp_path):
     """A HiAGM folder whose label x/___ has the name '   ' (underscores read as spaces): one
-    warning names it, and only it, when the model is built; the run then trains and is tested."""
+    warning names it, and only it, when the model is built; the run then trains and is tested
+    (its one epoch on two documents learns nothing, and it ends saying so)."""
     folder = write_hiagm(tmp_path / 'data')
     write_lines(folder / 'toy.taxonomy', ['Root\tCCAT\tGCAT', 'CCAT\tC15\tC17', 'C15\tC151',
                                           'GCAT\tx/___'])
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(SystemExit) as stop:
         warnings.simplefilter('always')
         train.main(['--data', str(folder), '--model', 'tiny', '--device', 'cpu', '--epochs', '1',
                     '--warmup-epochs', '0', '--out', str(tmp_path / 'run')])
+    assert stop.value.code == NOTHING_LEARNED
     assert [str(w.message) for w in caught if w.filename == lhmix.__file__] == [
         'labels whose names give only [UNK] start alike and are alike in local hierarchies: '
         "{'x/___': 'its name holds no word'}; rename them (label_names.tsv in the data folder; "
@@ -176,7 +178,10 @@ def recorded(tmp_path_factory):
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(train, 'train_step', recording)
             mp.setattr(train, 'train_epoch', lambda *a: (epochs.append([]), one_epoch(*a))[1])
-            train.main(FAST + flags + ['--out', str(root / name)])
+            try:
+                train.main(FAST + flags + ['--out', str(root / name)])
+            except SystemExit as e:  # One epoch on 12 documents may learn nothing, and say so.
+                assert e.code == NOTHING_LEARNED, e.code
         out[name] = epochs, root / name
     return out
 
@@ -250,6 +255,30 @@ def test_early_stopping_on_dev_macro_f1_and_best_the_first_of_equals(tmp_path, m
     assert test['best_epoch'] == 1 == runs.load_checkpoint(str(out / 'best'))[2]['epoch']
 
 
+NOTHING_LEARNED = 'error: stopped too soon (dev macro-F1 0): try a larger --early-stop or --lr'
+
+
+@pytest.mark.parametrize('macro, ended', [([0.0, 0.0, 0.0], NOTHING_LEARNED),
+                                          ([0.0, 0.0, 1e-9], None)])
+def test_a_run_whose_best_dev_macro_f1_is_0_ends_in_an_error_naming_the_flags(
+        tmp_path, monkeypatch, capsys, macro, ended):
+    """Scripted dev macro-F1 0 at each of 3 epochs: the run tests and keeps its record, then ends
+    in one error line naming the likely cause and the flags to try (exit 1: sys.exit's message);
+    one epoch above 0 (by 1e-9) ends as usual."""
+    line = train.evaluate_dev
+    monkeypatch.setattr(train, 'evaluate_dev', lambda run, epoch, *a: {
+        **line(run, epoch, *a), 'dev_macro_f1': macro[epoch]})
+    out = tmp_path / 'run'
+    try:
+        train.main(FAST + ['--epochs', '3', '--out', str(out)])
+        code = None
+    except SystemExit as e:
+        code = e.code
+    assert code == ended
+    assert capsys.readouterr().out.splitlines()[-1].startswith('test micro-F1 ')
+    assert len(read_metrics(out)) == 3 and results(out)[1]['best_epoch'] == (2 if macro[2] else 0)
+
+
 # Bad flags, data and models: one error line before anything is written
 
 @pytest.mark.parametrize('flags, message', [
@@ -306,6 +335,8 @@ def test_help_shows_each_default_and_range_and_the_tiny_models_own(capsys):
                  '--train-fraction TRAIN_FRACTION a random part of the training split (Fig. 4) '
                  '(in (0, 1]; default: 1.0)', "linear head on [CLS], BCE) (default: prompt)",
                  '--max-length MAX_LENGTH tokens an input (default: 512; --model tiny: 128)',
+                 '--early-stop EARLY_STOP epochs without a better dev macro-F1 before a stop '
+                 '(>= 1; default: 5; --model tiny: 20)',
                  '--seed SEED the random seed (in [0, 2^32); default: 0)'):
         assert flag in help, help
 
@@ -322,16 +353,19 @@ def test_defaults_are_the_papers_or_else_the_authors_command():
 
 
 @pytest.mark.parametrize('argv, want', [
-    (['--data', 'demo'], dict(model='tiny', epochs=12, lr=1e-3, warmup_epochs=4, max_length=128)),
+    (['--data', 'demo'], dict(model='tiny', epochs=12, lr=1e-3, warmup_epochs=4, max_length=128,
+                              early_stop=20)),
     (['--data', 'wos', '--model', 'tiny'], dict(model='tiny', epochs=100, lr=1e-3,
-                                                warmup_epochs=4, max_length=128)),
-    (['--data', 'demo', '--model', 'm', '--epochs', '3'], dict(model='m', epochs=3, lr=3e-5,
-                                                              warmup_epochs=5, max_length=512)),
-    (['--data', 'x', '--model', 'tiny', '--lr', '0.5', '--warmup-epochs', '0'],
-     dict(model='tiny', epochs=100, lr=0.5, warmup_epochs=0, max_length=128))])
+                                                warmup_epochs=4, max_length=128, early_stop=20)),
+    (['--data', 'demo', '--model', 'm', '--epochs', '3'], dict(
+        model='m', epochs=3, lr=3e-5, warmup_epochs=5, max_length=512, early_stop=5)),
+    (['--data', 'x', '--model', 'tiny', '--lr', '0.5', '--warmup-epochs', '0', '--early-stop',
+      '3'], dict(model='tiny', epochs=100, lr=0.5, warmup_epochs=0, max_length=128,
+                 early_stop=3))])
 def test_the_tiny_model_and_the_demo_take_their_own_defaults_and_a_given_flag_wins(argv, want):
     """--data demo is --model tiny for 12 epochs; --model tiny learns at 1e-3 after 4 warm-up
-    epochs on 128 tokens; another --model takes the paper's defaults, even on the demo."""
+    epochs on 128 tokens, and stops after 20 epochs without a better dev macro-F1, not 5; another
+    --model takes the paper's defaults, even on the demo."""
     args, _ = train.parse(argv)
     assert {k: getattr(args, k) for k in want} == want
 
@@ -669,7 +703,7 @@ def test_overwrite_and_a_failed_save_leave_no_temporary_files(base_run, tmp_path
     assert files(out) == saved  # best/ and metrics.jsonl of epoch 1 saved, not last/
 
 
-RACE = [sys.executable, str(ROOT / 'train.py'), *FAST, '--epochs', '2', '--train-fraction', '0.05']
+RACE = [sys.executable, str(ROOT / 'train.py'), *FAST, '--epochs', '2']  # seeds 1, 2 learn
 
 
 def test_two_runs_started_at_once_on_one_folder_one_trains(base_run, tmp_path):
