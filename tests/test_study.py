@@ -135,3 +135,17 @@ def test_the_dispatch_runs_each_line_once_on_the_gpus_then_fig_6(tmp_path):
     assert similar == [f'/ -m tools.similar --ckpt {r}/{n}/best --all-labels --out {r}/{n}/'
                        'relatives.json' for n in ('prompt-lhmix-s3', 'prompt-none-s0')]
 
+
+
+def test_a_part_reruns_beside_the_records(tmp_path):
+    """The sentence after the blocks, as written: with R set to a new folder before the lists, its
+    command runs exactly one line, Table 3's Prompt at seed 0, into the new folder."""
+    _, commands, dispatch = blocks()[:3]
+    text = (ROOT / 'RESULTS.md').read_text('utf-8')
+    part = re.search(r"Prompt at seed 0: `(grep [^`]*)`", text).group(1)
+    lists = commands.replace('R=results/records', 'R=out/rerun')
+    out = shell(lists + dispatch.split('run table3.txt')[0] + part, tmp_path, stubs(tmp_path, 1))
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / 'python.log').read_text() == (
+        '0/1 train.py --data data/debtags --model models/minilm --lr 1e-4 '
+        '--mix none --seed 0 --out out/rerun/table3/prompt-none-s0\n')
