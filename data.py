@@ -15,6 +15,7 @@ from xml.etree import ElementTree
 import numpy as np
 import torch
 
+import runs
 from lhmix import Hierarchy
 
 
@@ -96,11 +97,11 @@ def _xlsx_rows(data):
                 col = 0  # The letters of its reference (r="AB12") are a number in base 26.
                 for ch in re.match(r'[A-Z]+', c.get('r')).group():
                     col = 26 * col + ord(ch) - 64
-                kind, v = c.get('t'), c.find(ns + 'v')
+                kind = c.get('t')
                 if kind == 'inlineStr':
                     cells[col] = ''.join(t.text or '' for t in c.iter(ns + 't'))
                 else:
-                    v = '' if v is None else v.text or ''
+                    v = c.findtext(ns + 'v', '')
                     cells[col] = shared[int(v)] if kind == 's' else re.sub(r'\.0$', '', v)
             row.clear()
             yield [cells.get(i, '') for i in range(1, max(cells, default=0) + 1)]
@@ -130,14 +131,9 @@ def _download_wos(path):
                 blob, kind = r.read(), r.headers.get_content_type()
             if _data_xlsx(blob) is None:
                 raise ValueError(f'not a zip holding Meta-data/Data.xlsx ({kind})')
-            # Written beside, then renamed: a kill leaves no part of a zip under its name, and a
-            # failed write (a full disk) leaves no part beside it.
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            try:
-                Path(path + '.part').write_bytes(blob)
-                return os.replace(path + '.part', path)
-            finally:
-                Path(path + '.part').unlink(missing_ok=True)
+            # Written whole: a kill leaves no part of a zip under its name, and a failed write (a
+            # full disk) leaves no part beside it.
+            return runs.write_whole(path, blob)
         except (OSError, ValueError, http.client.HTTPException) as e:
             failed.append(f'{url}: {e}')
     folder = os.path.dirname(path)
@@ -344,10 +340,8 @@ def load_demo(seed=0, sizes=(1200, 300, 300)):
     """Return the demo's tree and splits: documents of words from their topics' lists and a
     shared background; one in five has two paths."""
     leaves = [path.split('/') for path in DEMO.split()]
-    parents = {}
-    for path in leaves:
-        for parent, label in zip([None] + path, path):
-            parents.setdefault(label, parent)
+    parents = {label: parent for path in leaves
+               for parent, label in zip([None] + path, path)}
     h = Hierarchy(parents)
     words = {v: [v] + [f'{v}{c}' for c in 'abcdefg'] for v in parents}
     rng = np.random.default_rng(seed)
