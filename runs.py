@@ -43,8 +43,7 @@ def write_whole(path, text):
         os.fsync(fd)
         os.close(fd)
     except BaseException as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        Path(tmp).unlink(missing_ok=True)
         if isinstance(e, OSError) and not e.filename:  # fsync's error names no file.
             e.filename = path
         raise
@@ -197,8 +196,7 @@ def provenance(device, digests):
 def delete_run(folder, names=RUN + TMP):
     """Deletes these files of a run in `folder`, then best/ and last/ if empty (not `folder`)."""
     for name in names:
-        if os.path.lexists(os.path.join(folder, name)):
-            os.remove(os.path.join(folder, name))
+        Path(folder, name).unlink(missing_ok=True)
     for sub in ('best', 'last'):
         with contextlib.suppress(OSError):  # The OS removes only an empty folder.
             os.rmdir(os.path.join(folder, sub))
@@ -365,7 +363,7 @@ def device(name):
     if not re.fullmatch(r'cpu|cuda(:\d+)?' if cuda else 'cpu', name):
         raise argparse.ArgumentTypeError(
             f'{name}: only cpu' + (', cuda or cuda:N' if cuda else ' (no CUDA GPU here)'))
-    n, index = torch.cuda.device_count() if cuda else 0, torch.device(name).index
+    n, index = torch.cuda.device_count(), torch.device(name).index
     if index is not None and index >= n:  # Torch would fail only once the data is read.
         raise argparse.ArgumentTypeError(f'{name}: CUDA sees {n} GPU' + (
             f's here (cuda:0 to cuda:{n - 1})' if n > 1 else ' here (cuda:0)'))
