@@ -131,8 +131,7 @@ class Classifier(nn.Module):
     @torch.no_grad()
     def label_scores(self, input_ids, attention_mask, starts):
         """Each label's score (B, V), at its own depth's slot; > 0: predicted (Sec. 3)."""
-        hidden = self.encode(input_ids, attention_mask)
-        scores = self.score(self.slots(hidden, starts))
+        scores = self.score(self.slots(self.encode(input_ids, attention_mask), starts))
         return scores.masked_fill(~self.valid, -math.inf).amax(1).float()  # Eq. 1: p^d over V^d
 
 
@@ -221,9 +220,9 @@ def plain_zmlce(scores, targets, valid=None):
     x = torch.where(pos, -s, s)  # Eq. 2
     if valid is not None:
         x = x.masked_fill(~valid, -math.inf)
-    zero = x.new_zeros(x.shape[:-1] + (1,))
-    negatives = torch.logsumexp(torch.cat([x.masked_fill(pos, -math.inf), zero], -1), -1)
-    positives = torch.logsumexp(torch.cat([x.masked_fill(~pos, -math.inf), zero], -1), -1)
+    # F.pad appends each sum's 0: the log of its 1.
+    negatives = torch.logsumexp(F.pad(x.masked_fill(pos, -math.inf), (0, 1)), -1)
+    positives = torch.logsumexp(F.pad(x.masked_fill(~pos, -math.inf), (0, 1)), -1)
     return negatives + positives  # Eq. 2 (autograd gives its gradient)
 
 
@@ -286,8 +285,7 @@ def vanilla_mixup_ratio(rng, a, n):
 
 def mix_hidden(h_i, h_j, lam):
     """Eq. 5 for slot states (B, slots, H), ratios (B,), in float32 (bf16 would round lambda)."""
-    lam = lam.float()[:, None, None]
-    return torch.lerp(h_j.float(), h_i.float(), lam).to(h_i.dtype)  # Eq. 5
+    return torch.lerp(h_j.float(), h_i.float(), lam.float()[:, None, None]).to(h_i.dtype)  # Eq. 5
 
 
 def _check_mixup(model, n, partner, lam, hierarchy_ids):
@@ -442,10 +440,9 @@ def score_documents(model, token_ids, batch_size=128):
     for i in range(0, len(order), batch_size):
         idx = order[i:i + batch_size]
         b = make_batch(model, [token_ids[j] for j in idx], [[]] * len(idx))
-        with autocast(device):
-            scores = model.label_scores(
+        with autocast(device):  # Written on the GPU: no sync a batch.
+            out[torch.from_numpy(idx).to(device)] = model.label_scores(
                 *(b[k].to(device) for k in ('input_ids', 'attention_mask', 'starts')))
-        out[torch.from_numpy(idx).to(device)] = scores  # Written on the GPU: no sync a batch.
     model.train(was_training)
     return out.cpu().numpy()
 
