@@ -62,9 +62,9 @@ def classify(model, tokenizer, texts):
     not scored: it predicts nothing and has no scores."""
     h, budget = model.hierarchy, model.text_budget(model.max_length)
     # One word-piece more than fits tells a text that was cut from one that just fits.
-    tokens, _ = lhmix.tokenize(tokenizer, list(texts), budget + 1)
+    tokens, _ = lhmix.tokenize(tokenizer, texts, budget + 1)
     keep = [i for i, t in enumerate(texts) if t.strip()]
-    scores = lhmix.score_documents(model, [tokens[i][:budget] for i in keep]) if keep else []
+    scores = lhmix.score_documents(model, [tokens[i][:budget] for i in keep])
     out = [{'labels': [], 'paths': [], 'scores': {}, 'truncated': False} for _ in texts]
     for i, s in zip(keep, scores):
         on = set(np.flatnonzero(s > 0).tolist())

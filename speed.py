@@ -102,9 +102,9 @@ def pad_for_graphs(batch, rate):
 
 def to_device(batch, device):
     """The batch on `device`; to a GPU through pinned memory, which copies without a host sync."""
-    if device.type == 'cuda':
-        return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
-    return {k: v.to(device) for k, v in batch.items()}
+    cuda = device.type == 'cuda'
+    return {k: (v.pin_memory() if cuda else v).to(device, non_blocking=cuda)
+            for k, v in batch.items()}
 
 
 def make_optimizer(model, lr, capturable, state=None):
