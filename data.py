@@ -406,9 +406,9 @@ def tiny_bert(texts, max_words=8000):
     vocab = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] + [
         w for w, _ in counts.most_common(max_words)]
     with tempfile.TemporaryDirectory() as folder:  # transformers 4 reads vocabularies from files.
-        path = os.path.join(folder, 'vocab.txt')
-        Path(path).write_text('\n'.join(vocab) + '\n', encoding='utf-8')
-        tokenizer = BertTokenizerFast(path, do_lower_case=True)
+        path = Path(folder, 'vocab.txt')
+        path.write_text('\n'.join(vocab) + '\n', encoding='utf-8')
+        tokenizer = BertTokenizerFast(str(path), do_lower_case=True)
     config = BertConfig(vocab_size=len(vocab), hidden_size=128, num_hidden_layers=2,
                         num_attention_heads=2, intermediate_size=256, max_position_embeddings=512)
     return AutoModelForMaskedLM.from_config(config), tokenizer  # As runs.load_checkpoint builds it.
