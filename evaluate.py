@@ -4,7 +4,6 @@ new texts with it (a JSON line per input line).
     python evaluate.py --ckpt out/demo-prompt-lhmix-s0/best --data demo
     echo "quantum optics" | python evaluate.py --ckpt out/demo-prompt-lhmix-s0/best --texts -
 """
-import argparse
 import json
 import os
 import sys
@@ -115,7 +114,8 @@ def evaluate(args):
             h = model.hierarchy
             runs.write_whole(args.save_predictions, prediction_lines(
                 h, ([h.index[v] for v in r['labels']] for r in out)))
-        print(''.join(json.dumps(r, ensure_ascii=False) + '\n' for r in out), end='')
+        for r in out:
+            print(json.dumps(r, ensure_ascii=False))
         cut = sum(r['truncated'] for r in out)
         if cut:
             print(f'{cut} of {len(out)} texts truncated to max_length {model.max_length}',
@@ -139,8 +139,7 @@ def evaluate(args):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = runs.parser(__doc__)
     add = p.add_argument
     add('--ckpt', required=True, help='a checkpoint folder, such as RUN/best')
     add('--data', help='the data to score, as train.py --data')

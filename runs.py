@@ -1,5 +1,6 @@
 """A train.py run on disk: files written whole, the run's folder, which one train.py at a time
-holds, its files and checkpoints; and what the scripts share: --device and the one error exit."""
+holds, its files and checkpoints; and what the scripts share: their parser, --device and the
+one error exit."""
 import argparse
 import contextlib
 import fcntl
@@ -354,7 +355,7 @@ class RunFolder:
         self.saved, self.replacing = True, False
 
 
-# What the scripts share: --device, and the one error exit
+# What the scripts share: their parser, --device, and the one error exit
 
 def device(name):
     """Return the torch.device of cpu, cuda or cuda:N: an argparse type, so that a device that is
@@ -368,6 +369,12 @@ def device(name):
         raise argparse.ArgumentTypeError(f'{name}: CUDA sees {n} GPU' + (
             f's here (cuda:0 to cuda:{n - 1})' if n > 1 else ' here (cuda:0)'))
     return torch.device(name)
+
+
+def parser(doc):
+    """Return a script's ArgumentParser, whose -h shows its docstring `doc` as written."""
+    return argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def add_device(parser):
