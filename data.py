@@ -66,18 +66,17 @@ def wos_split(n):
 
 
 def hpt_areas(rows):
-    """Return each row's area as preprocess_wos.py names it: the first name seen under the row's
+    """Yield each row's area as preprocess_wos.py names it: the first name seen under the row's
     code Y1-Y2 that is more frequent in its domain in the file (HPT hard-codes `stats`), else its
     own."""
     count = Counter((r[3].strip(), r[4].strip()) for r in rows)
-    seen, out = {}, []
+    seen = {}
     for r in rows:
         domain, area = r[3].strip(), r[4].strip()
         names = seen.setdefault(r[0] + '-' + r[1], [])  # The raw strings, as HPT keys them.
         if area not in names:
             names.append(area)
-        out.append(next((a for a in names if count[domain, a] > count[domain, area]), area))
-    return out
+        yield next((a for a in names if count[domain, a] > count[domain, area]), area)
 
 
 def _xlsx_rows(data):
@@ -340,8 +339,7 @@ def load_demo(seed=0, sizes=(1200, 300, 300)):
     """Return the demo's tree and splits: documents of words from their topics' lists and a
     shared background; one in five has two paths."""
     leaves = [path.split('/') for path in DEMO.split()]
-    parents = {label: parent for path in leaves
-               for parent, label in zip([None] + path, path)}
+    parents = {label: parent for path in leaves for parent, label in zip([None] + path, path)}
     h = Hierarchy(parents)
     words = {v: [v] + [f'{v}{c}' for c in 'abcdefg'] for v in parents}
     rng = np.random.default_rng(seed)
@@ -439,7 +437,7 @@ def load_pretrained(name):
     except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:
         hint = ('' if os.path.isdir(name) else
                 ' (not a local folder; offline, pass a local folder or --model tiny)')
-        raise ValueError(f'could not load model {name!r}{hint}: {type(e).__name__}: {e}') from None
+        raise ValueError(f'could not load model {name!r}{hint}: {runs.one_line(e)}') from None
     finally:
         logging.set_verbosity(verbosity)
         if bars:
