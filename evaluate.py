@@ -80,8 +80,7 @@ def prediction_lines(hierarchy, predicted):
     """Return the --save-predictions file of label-id sets: a line {"labels": [...]} a document,
     in the tree's order."""
     return ''.join(json.dumps({'labels': [hierarchy.labels[v] for v in sorted(ids)]},
-                              ensure_ascii=False) + '\n'
-                   for ids in predicted)
+                              ensure_ascii=False) + '\n' for ids in predicted)
 
 
 def check_output(path, flag, ckpt, start):

@@ -392,9 +392,8 @@ def make_batch(model, token_ids, labels, rng=None, mlm_rate=0.0, layout=pad_rows
         raise ValueError(f'{len(token_ids)} texts, {len(labels)} label lists: give one per text')
     if mlm_rate > 0 and rng is None:
         raise ValueError('mlm_rate > 0 draws masks: give rng=numpy.random.default_rng(seed)')
-    multiple = 16 if next(model.parameters()).is_cuda else 8
     seqs = [np.concatenate([model.prefix, t, [model.special['sep']]]) for t in token_ids]
-    batch = layout(seqs, model.special['pad'], multiple)
+    batch = layout(seqs, model.special['pad'], 16 if next(model.parameters()).is_cuda else 8)
     batch['targets'] = torch.zeros(len(token_ids), len(model.hierarchy), dtype=torch.bool)
     for b, ls in enumerate(labels):
         batch['targets'][b, model.hierarchy.closure(ls)] = True

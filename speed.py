@@ -82,9 +82,9 @@ def pack_row(seqs, pad_id, multiple):
     ids[0, :ends[-1]] = np.concatenate(seqs)
     pos[0, :ends[-1]] = np.concatenate([np.arange(k) for k in lengths])
     offsets = np.concatenate([[0], ends, [T]])
-    return {k: torch.from_numpy(v) for k, v in (
-        ('input_ids', ids), ('position_ids', pos), ('token_type_ids', np.zeros_like(ids)),
-        ('cu_seq_lens_q', offsets), ('starts', offsets[:-2]))}
+    return {k: torch.from_numpy(v) for k, v in dict(
+        input_ids=ids, position_ids=pos, token_type_ids=np.zeros_like(ids),
+        cu_seq_lens_q=offsets, starts=offsets[:-2]).items()}
 
 
 def pad_for_graphs(batch, rate):

@@ -121,7 +121,7 @@ def parse(argv=None):
 def prepare(args, given, folder):
     """Return the run: settings, folder, model, data and what its checkpoints keep. At --resume it
     keeps its own settings (a given --epochs extends it) and says which given flags it ignores."""
-    state = {'history': [], 'extra': {}, 'adam': {}}
+    state = dict(history=[], extra={}, adam={})
     if args.resume:
         model, tokenizer, last = folder.load_last()
         saved = last['args']
