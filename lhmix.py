@@ -285,7 +285,8 @@ def vanilla_mixup_ratio(rng, a, n):
 
 def mix_hidden(h_i, h_j, lam):
     """Eq. 5 for slot states (B, slots, H), ratios (B,), in float32 (bf16 would round lambda)."""
-    return torch.lerp(h_j.float(), h_i.float(), lam.float()[:, None, None]).to(h_i.dtype)  # Eq. 5
+    lam = lam.float()[:, None, None]
+    return torch.lerp(h_j.float(), h_i.float(), lam).to(h_i.dtype)  # Eq. 5
 
 
 def _check_mixup(model, n, partner, lam, hierarchy_ids):
