@@ -15,6 +15,7 @@ from xml.etree import ElementTree
 import numpy as np
 import torch
 
+import runs
 from lhmix import Hierarchy
 
 
@@ -65,18 +66,17 @@ def wos_split(n):
 
 
 def hpt_areas(rows):
-    """Return each row's area as preprocess_wos.py names it: the first name seen under the row's
+    """Yield each row's area as preprocess_wos.py names it: the first name seen under the row's
     code Y1-Y2 that is more frequent in its domain in the file (HPT hard-codes `stats`), else its
     own."""
     count = Counter((r[3].strip(), r[4].strip()) for r in rows)
-    seen, out = {}, []
+    seen = {}
     for r in rows:
         domain, area = r[3].strip(), r[4].strip()
         names = seen.setdefault(r[0] + '-' + r[1], [])  # The raw strings, as HPT keys them.
         if area not in names:
             names.append(area)
-        out.append(next((a for a in names if count[domain, a] > count[domain, area]), area))
-    return out
+        yield next((a for a in names if count[domain, a] > count[domain, area]), area)
 
 
 def _xlsx_rows(data):
@@ -96,11 +96,11 @@ def _xlsx_rows(data):
                 col = 0  # The letters of its reference (r="AB12") are a number in base 26.
                 for ch in re.match(r'[A-Z]+', c.get('r')).group():
                     col = 26 * col + ord(ch) - 64
-                kind, v = c.get('t'), c.find(ns + 'v')
+                kind = c.get('t')
                 if kind == 'inlineStr':
                     cells[col] = ''.join(t.text or '' for t in c.iter(ns + 't'))
                 else:
-                    v = '' if v is None else v.text or ''
+                    v = c.findtext(ns + 'v', '')
                     cells[col] = shared[int(v)] if kind == 's' else re.sub(r'\.0$', '', v)
             row.clear()
             yield [cells.get(i, '') for i in range(1, max(cells, default=0) + 1)]
@@ -130,14 +130,9 @@ def _download_wos(path):
                 blob, kind = r.read(), r.headers.get_content_type()
             if _data_xlsx(blob) is None:
                 raise ValueError(f'not a zip holding Meta-data/Data.xlsx ({kind})')
-            # Written beside, then renamed: a kill leaves no part of a zip under its name, and a
-            # failed write (a full disk) leaves no part beside it.
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            try:
-                Path(path + '.part').write_bytes(blob)
-                return os.replace(path + '.part', path)
-            finally:
-                Path(path + '.part').unlink(missing_ok=True)
+            # Written whole: a kill leaves no part of a zip under its name, and a failed write (a
+            # full disk) leaves no part beside it.
+            return runs.write_whole(path, blob)
         except (OSError, ValueError, http.client.HTTPException) as e:
             failed.append(f'{url}: {e}')
     folder = os.path.dirname(path)
@@ -344,10 +339,7 @@ def load_demo(seed=0, sizes=(1200, 300, 300)):
     """Return the demo's tree and splits: documents of words from their topics' lists and a
     shared background; one in five has two paths."""
     leaves = [path.split('/') for path in DEMO.split()]
-    parents = {}
-    for path in leaves:
-        for parent, label in zip([None] + path, path):
-            parents.setdefault(label, parent)
+    parents = {label: parent for path in leaves for parent, label in zip([None] + path, path)}
     h = Hierarchy(parents)
     words = {v: [v] + [f'{v}{c}' for c in 'abcdefg'] for v in parents}
     rng = np.random.default_rng(seed)
@@ -412,9 +404,9 @@ def tiny_bert(texts, max_words=8000):
     vocab = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] + [
         w for w, _ in counts.most_common(max_words)]
     with tempfile.TemporaryDirectory() as folder:  # transformers 4 reads vocabularies from files.
-        path = os.path.join(folder, 'vocab.txt')
-        Path(path).write_text('\n'.join(vocab) + '\n', encoding='utf-8')
-        tokenizer = BertTokenizerFast(path, do_lower_case=True)
+        path = Path(folder, 'vocab.txt')
+        path.write_text('\n'.join(vocab) + '\n', encoding='utf-8')
+        tokenizer = BertTokenizerFast(str(path), do_lower_case=True)
     config = BertConfig(vocab_size=len(vocab), hidden_size=128, num_hidden_layers=2,
                         num_attention_heads=2, intermediate_size=256, max_position_embeddings=512)
     return AutoModelForMaskedLM.from_config(config), tokenizer  # As runs.load_checkpoint builds it.
@@ -445,7 +437,7 @@ def load_pretrained(name):
     except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:
         hint = ('' if os.path.isdir(name) else
                 ' (not a local folder; offline, pass a local folder or --model tiny)')
-        raise ValueError(f'could not load model {name!r}{hint}: {type(e).__name__}: {e}') from None
+        raise ValueError(f'could not load model {name!r}{hint}: {runs.one_line(e)}') from None
     finally:
         logging.set_verbosity(verbosity)
         if bars:

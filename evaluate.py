@@ -4,7 +4,6 @@ new texts with it (a JSON line per input line).
     python evaluate.py --ckpt out/demo-prompt-lhmix-s0/best --data demo
     echo "quantum optics" | python evaluate.py --ckpt out/demo-prompt-lhmix-s0/best --texts -
 """
-import argparse
 import json
 import os
 import sys
@@ -62,9 +61,9 @@ def classify(model, tokenizer, texts):
     not scored: it predicts nothing and has no scores."""
     h, budget = model.hierarchy, model.text_budget(model.max_length)
     # One word-piece more than fits tells a text that was cut from one that just fits.
-    tokens, _ = lhmix.tokenize(tokenizer, list(texts), budget + 1)
+    tokens, _ = lhmix.tokenize(tokenizer, texts, budget + 1)
     keep = [i for i, t in enumerate(texts) if t.strip()]
-    scores = lhmix.score_documents(model, [tokens[i][:budget] for i in keep]) if keep else []
+    scores = lhmix.score_documents(model, [tokens[i][:budget] for i in keep])
     out = [{'labels': [], 'paths': [], 'scores': {}, 'truncated': False} for _ in texts]
     for i, s in zip(keep, scores):
         on = set(np.flatnonzero(s > 0).tolist())
@@ -81,8 +80,7 @@ def prediction_lines(hierarchy, predicted):
     """Return the --save-predictions file of label-id sets: a line {"labels": [...]} a document,
     in the tree's order."""
     return ''.join(json.dumps({'labels': [hierarchy.labels[v] for v in sorted(ids)]},
-                              ensure_ascii=False) + '\n'
-                   for ids in predicted)
+                              ensure_ascii=False) + '\n' for ids in predicted)
 
 
 def check_output(path, flag, ckpt, start):
@@ -115,7 +113,8 @@ def evaluate(args):
             h = model.hierarchy
             runs.write_whole(args.save_predictions, prediction_lines(
                 h, ([h.index[v] for v in r['labels']] for r in out)))
-        print(''.join(json.dumps(r, ensure_ascii=False) + '\n' for r in out), end='')
+        for r in out:
+            print(json.dumps(r, ensure_ascii=False))
         cut = sum(r['truncated'] for r in out)
         if cut:
             print(f'{cut} of {len(out)} texts truncated to max_length {model.max_length}',
@@ -139,8 +138,7 @@ def evaluate(args):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = runs.parser(__doc__)
     add = p.add_argument
     add('--ckpt', required=True, help='a checkpoint folder, such as RUN/best')
     add('--data', help='the data to score, as train.py --data')

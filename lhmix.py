@@ -131,8 +131,7 @@ class Classifier(nn.Module):
     @torch.no_grad()
     def label_scores(self, input_ids, attention_mask, starts):
         """Each label's score (B, V), at its own depth's slot; > 0: predicted (Sec. 3)."""
-        hidden = self.encode(input_ids, attention_mask)
-        scores = self.score(self.slots(hidden, starts))
+        scores = self.score(self.slots(self.encode(input_ids, attention_mask), starts))
         return scores.masked_fill(~self.valid, -math.inf).amax(1).float()  # Eq. 1: p^d over V^d
 
 
@@ -221,9 +220,9 @@ def plain_zmlce(scores, targets, valid=None):
     x = torch.where(pos, -s, s)  # Eq. 2
     if valid is not None:
         x = x.masked_fill(~valid, -math.inf)
-    zero = x.new_zeros(x.shape[:-1] + (1,))
-    negatives = torch.logsumexp(torch.cat([x.masked_fill(pos, -math.inf), zero], -1), -1)
-    positives = torch.logsumexp(torch.cat([x.masked_fill(~pos, -math.inf), zero], -1), -1)
+    # F.pad appends each sum's 0: the log of its 1.
+    negatives = torch.logsumexp(F.pad(x.masked_fill(pos, -math.inf), (0, 1)), -1)
+    positives = torch.logsumexp(F.pad(x.masked_fill(~pos, -math.inf), (0, 1)), -1)
     return negatives + positives  # Eq. 2 (autograd gives its gradient)
 
 
@@ -394,9 +393,8 @@ def make_batch(model, token_ids, labels, rng=None, mlm_rate=0.0, layout=pad_rows
         raise ValueError(f'{len(token_ids)} texts, {len(labels)} label lists: give one per text')
     if mlm_rate > 0 and rng is None:
         raise ValueError('mlm_rate > 0 draws masks: give rng=numpy.random.default_rng(seed)')
-    multiple = 16 if next(model.parameters()).is_cuda else 8
     seqs = [np.concatenate([model.prefix, t, [model.special['sep']]]) for t in token_ids]
-    batch = layout(seqs, model.special['pad'], multiple)
+    batch = layout(seqs, model.special['pad'], 16 if next(model.parameters()).is_cuda else 8)
     batch['targets'] = torch.zeros(len(token_ids), len(model.hierarchy), dtype=torch.bool)
     for b, ls in enumerate(labels):
         batch['targets'][b, model.hierarchy.closure(ls)] = True
@@ -442,10 +440,9 @@ def score_documents(model, token_ids, batch_size=128):
     for i in range(0, len(order), batch_size):
         idx = order[i:i + batch_size]
         b = make_batch(model, [token_ids[j] for j in idx], [[]] * len(idx))
-        with autocast(device):
-            scores = model.label_scores(
+        with autocast(device):  # Written on the GPU: no sync a batch.
+            out[torch.from_numpy(idx).to(device)] = model.label_scores(
                 *(b[k].to(device) for k in ('input_ids', 'attention_mask', 'starts')))
-        out[torch.from_numpy(idx).to(device)] = scores  # Written on the GPU: no sync a batch.
     model.train(was_training)
     return out.cpu().numpy()
 

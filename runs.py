@@ -1,5 +1,6 @@
 """A train.py run on disk: files written whole, the run's folder, which one train.py at a time
-holds, its files and checkpoints; and what the scripts share: --device and the one error exit."""
+holds, its files and checkpoints; and what the scripts share: their parser, --device and the
+one error exit."""
 import argparse
 import contextlib
 import fcntl
@@ -43,8 +44,7 @@ def write_whole(path, text):
         os.fsync(fd)
         os.close(fd)
     except BaseException as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        Path(tmp).unlink(missing_ok=True)
         if isinstance(e, OSError) and not e.filename:  # fsync's error names no file.
             e.filename = path
         raise
@@ -197,8 +197,7 @@ def provenance(device, digests):
 def delete_run(folder, names=RUN + TMP):
     """Deletes these files of a run in `folder`, then best/ and last/ if empty (not `folder`)."""
     for name in names:
-        if os.path.lexists(os.path.join(folder, name)):
-            os.remove(os.path.join(folder, name))
+        Path(folder, name).unlink(missing_ok=True)
     for sub in ('best', 'last'):
         with contextlib.suppress(OSError):  # The OS removes only an empty folder.
             os.rmdir(os.path.join(folder, sub))
@@ -356,7 +355,7 @@ class RunFolder:
         self.saved, self.replacing = True, False
 
 
-# What the scripts share: --device, and the one error exit
+# What the scripts share: their parser, --device, and the one error exit
 
 def device(name):
     """Return the torch.device of cpu, cuda or cuda:N: an argparse type, so that a device that is
@@ -365,11 +364,17 @@ def device(name):
     if not re.fullmatch(r'cpu|cuda(:\d+)?' if cuda else 'cpu', name):
         raise argparse.ArgumentTypeError(
             f'{name}: only cpu' + (', cuda or cuda:N' if cuda else ' (no CUDA GPU here)'))
-    n, index = torch.cuda.device_count() if cuda else 0, torch.device(name).index
+    n, index = torch.cuda.device_count(), torch.device(name).index
     if index is not None and index >= n:  # Torch would fail only once the data is read.
         raise argparse.ArgumentTypeError(f'{name}: CUDA sees {n} GPU' + (
             f's here (cuda:0 to cuda:{n - 1})' if n > 1 else ' here (cuda:0)'))
     return torch.device(name)
+
+
+def parser(doc):
+    """Return a script's ArgumentParser, whose -h shows its docstring `doc` as written."""
+    return argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def add_device(parser):

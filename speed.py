@@ -82,9 +82,9 @@ def pack_row(seqs, pad_id, multiple):
     ids[0, :ends[-1]] = np.concatenate(seqs)
     pos[0, :ends[-1]] = np.concatenate([np.arange(k) for k in lengths])
     offsets = np.concatenate([[0], ends, [T]])
-    return {k: torch.from_numpy(v) for k, v in (
-        ('input_ids', ids), ('position_ids', pos), ('token_type_ids', np.zeros_like(ids)),
-        ('cu_seq_lens_q', offsets), ('starts', offsets[:-2]))}
+    return {k: torch.from_numpy(v) for k, v in dict(
+        input_ids=ids, position_ids=pos, token_type_ids=np.zeros_like(ids),
+        cu_seq_lens_q=offsets, starts=offsets[:-2]).items()}
 
 
 def pad_for_graphs(batch, rate):
@@ -102,9 +102,9 @@ def pad_for_graphs(batch, rate):
 
 def to_device(batch, device):
     """The batch on `device`; to a GPU through pinned memory, which copies without a host sync."""
-    if device.type == 'cuda':
-        return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
-    return {k: v.to(device) for k, v in batch.items()}
+    cuda = device.type == 'cuda'
+    return {k: (v.pin_memory() if cuda else v).to(device, non_blocking=cuda)
+            for k, v in batch.items()}
 
 
 def make_optimizer(model, lr, capturable, state=None):

@@ -31,35 +31,35 @@ import speed  # noqa: E402
 
 # The defaults: the paper's where it gives them (Sec. 5.2), else the authors' README command for
 # RCV1 or HPT's, else ours.
-DEFAULTS = {
-    'model': 'bert-base-uncased',  # the paper's (Sec. 5.2)
-    'arch': 'prompt',              # the paper's prompt; 'bert': Table 3's flat BERT (HGCLR's)
-    'mix': 'lhmix',                # Table 3's rows: 'lhmix', 'mixup' or 'none' (Prompt, BERT)
-    'lr': 3e-5,                    # the paper's Adam (Sec. 5.2)
-    'warmup_epochs': 5,            # the paper's first step, without Mixup (Sec. 5.2)
-    'early_stop': 5,               # the paper's: epochs without a better macro-F1 (Sec. 5.2)
-    'epochs': 100,                 # ours: runs stop early before it
-    'alpha': 1.0,                  # Eq. 4: the authors' README command for RCV1
-    'beta': 0.75,                  # Eq. 4: the same command
-    'mix_alpha': 1.0,              # + Mixup's Beta(a, a): Zhang et al.'s Mixup
-    'batch': 16,                   # the authors' README command, as HPT's README (its train.py: 2)
-    'max_length': 512,             # HPT's
-    'no_mlm': False,               # HPT's MLM term is on, as in the authors' code
-    'train_fraction': 1.0,         # all of the training split; Fig. 4 takes less
-    'seed': 0,
-}
+DEFAULTS = dict(
+    model='bert-base-uncased',     # the paper's (Sec. 5.2)
+    arch='prompt',                 # the paper's prompt; 'bert': Table 3's flat BERT (HGCLR's)
+    mix='lhmix',                   # Table 3's rows: 'lhmix', 'mixup' or 'none' (Prompt, BERT)
+    lr=3e-5,                       # the paper's Adam (Sec. 5.2)
+    warmup_epochs=5,               # the paper's first step, without Mixup (Sec. 5.2)
+    early_stop=5,                  # the paper's: epochs without a better macro-F1 (Sec. 5.2)
+    epochs=100,                    # ours: runs stop early before it
+    alpha=1.0,                     # Eq. 4: the authors' README command for RCV1
+    beta=0.75,                     # Eq. 4: the same command
+    mix_alpha=1.0,                 # + Mixup's Beta(a, a): Zhang et al.'s Mixup
+    batch=16,                      # the authors' README command, as HPT's README (its train.py: 2)
+    max_length=512,                # HPT's
+    no_mlm=False,                  # HPT's MLM term is on, as in the authors' code
+    train_fraction=1.0,            # all of the training split; Fig. 4 takes less
+    seed=0,
+)
 # --model tiny (a 2-layer BERT built from the data) learns faster, on less; --data demo is it.
 # Its stop waits longer: on a small data set an epoch is a few steps, and dev macro-F1 can stay 0
 # for more than 5 epochs before it rises.
-TINY = {'lr': 1e-3, 'warmup_epochs': 4, 'max_length': 128, 'early_stop': 20}
-DEMO = {'model': 'tiny', 'epochs': 12}
+TINY = dict(lr=1e-3, warmup_epochs=4, max_length=128, early_stop=20)
+DEMO = dict(model='tiny', epochs=12)
 # What each number may be, which -h shows and parse() checks (lhmix checks --max-length).
 POSITIVE, COUNT = ('> 0', lambda x: x > 0), ('>= 1', lambda x: x >= 1)
-VALID = {'lr': POSITIVE, 'alpha': POSITIVE, 'mix_alpha': POSITIVE, 'epochs': COUNT,
-         'early_stop': COUNT, 'batch': COUNT, 'warmup_epochs': ('>= 0', lambda x: x >= 0),
-         'beta': ('in [0.5, 1]', lambda x: 0.5 <= x <= 1),
-         'train_fraction': ('in (0, 1]', lambda x: 0 < x <= 1),
-         'seed': ('in [0, 2^32)', lambda x: 0 <= x < 2 ** 32)}
+VALID = dict(lr=POSITIVE, alpha=POSITIVE, mix_alpha=POSITIVE, epochs=COUNT, early_stop=COUNT,
+             batch=COUNT, warmup_epochs=('>= 0', lambda x: x >= 0),
+             beta=('in [0.5, 1]', lambda x: 0.5 <= x <= 1),
+             train_fraction=('in (0, 1]', lambda x: 0 < x <= 1),
+             seed=('in [0, 2^32)', lambda x: 0 <= x < 2 ** 32))
 MLM_RATE = 0.15  # HPT's MLM loss masks 15% of the text's word-pieces.
 CONTROL = ('out', 'device', 'resume', 'overwrite', 'no_cuda_graphs')  # Not the run's settings.
 
@@ -67,8 +67,7 @@ CONTROL = ('out', 'device', 'resume', 'overwrite', 'no_cuda_graphs')  # Not the 
 def parse(argv=None):
     """Return the arguments, and those that the command line gave. A setting not given is DEMO's
     with --data demo, TINY's with --model tiny, else DEFAULTS'; each number is checked (VALID)."""
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = runs.parser(__doc__)
 
     def flag(name, help, **kw):  # A setting's help ends with its range and defaults.
         key = name[2:].replace('-', '_')
@@ -122,7 +121,7 @@ def parse(argv=None):
 def prepare(args, given, folder):
     """Return the run: settings, folder, model, data and what its checkpoints keep. At --resume it
     keeps its own settings (a given --epochs extends it) and says which given flags it ignores."""
-    state = {'history': [], 'extra': {}, 'adam': {}}
+    state = dict(history=[], extra={}, adam={})
     if args.resume:
         model, tokenizer, last = folder.load_last()
         saved = last['args']

@@ -300,15 +300,14 @@ def test_wos_download(tmp_path, site, monkeypatch, urls, failures):
 
 
 def test_wos_download_that_fails_to_write_leaves_no_part(tmp_path, site, monkeypatch):
-    def full_disk(path, blob):  # half the zip written, then the disk is full
-        open(path, 'wb').write(blob[:len(blob) // 2])
-        raise OSError(28, 'No space left on device', str(path))
+    def full_disk(fd):  # the zip written, then the disk is full as it is flushed
+        raise OSError(28, 'No space left on device')
     monkeypatch.setattr(data, 'WOS_URLS', (site + '/zip',))
-    monkeypatch.setattr(data.Path, 'write_bytes', full_disk)
+    monkeypatch.setattr(os, 'fsync', full_disk)
     folder = tmp_path / 'wos'
     assert error(lambda: data.load_wos(str(folder))) == (
         f'WOS is not in {folder} and could not be downloaded ({site}/zip: [Errno 28] No space '
-        f"left on device: '{folder}/WebOfScience.zip.part'); put WebOfScience.zip or its "
+        f"left on device: '{folder}/WebOfScience.zip'); put WebOfScience.zip or its "
         'Data.txt or Data.xlsx there (or --data-dir)')
     assert os.listdir(folder) == []
 

@@ -133,7 +133,7 @@ def test_kill_during_save_leaves_the_old_checkpoint(saved, tmp_path, monkeypatch
     model, tok = tiny(seed=2)
     monkeypatch.setattr(os, 'replace', lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
     if killed:
-        monkeypatch.setattr(os, 'remove', lambda p: None)
+        monkeypatch.setattr(runs.Path, 'unlink', lambda *a, **k: None)
     for target in (folder, tmp_path / 'new'):
         with pytest.raises(KeyboardInterrupt):
             runs.save_checkpoint(str(target), model, tok, {'epoch': 8})

@@ -639,7 +639,7 @@ def test_overwrite_killed_at_any_point_of_its_first_save_leaves_one_whole_run(ba
             return call(path, *a, **k)
         return at
     with monkeypatch.context() as mp:
-        for name in ('replace', 'rename', 'remove', 'rmdir'):
+        for name in ('replace', 'rename', 'remove', 'unlink', 'rmdir'):
             mp.setattr(os, name, kill_point(getattr(os, name)))
         train.main(FAST + ['--epochs', '1', '--out', str(out), '--overwrite'])
     assert [m['epoch'] for m in read_metrics(out)] == [0] and is_whole_run(out)
