@@ -183,6 +183,77 @@ def test_the_bert_rows_means_now_as_results_md_gives_them_beside_the_old():
             rf'[;:] {re.escape(name)} [\d.]+ / [\d.]+, {micro:.2f} / {macro:.2f}[;)]', text), name
 
 
+def results_text():
+    """RESULTS.md with its lines joined by single spaces."""
+    with open(os.path.join(ROOT, 'RESULTS.md'), encoding='utf-8') as f:
+        return ' '.join(f.read().split())
+
+
+def test_the_fresh_clones_run_as_results_md_gives_it():
+    """The paragraph on Table 3's Prompt at seed 0 from a fresh clone: its test F1 and the
+    record's (points), their difference, and the sd of a same-seed difference, which the rerun's
+    ten seeds give (first runs against the rerun, paired by seed, float64, n - 1); the clone's
+    record names its commit and the data digests of every record with provenance, and its set-up
+    log the encoder's digest."""
+    def f1(path):
+        with open(os.path.join(ROOT, 'results', path, 'test_metrics.json'), encoding='utf-8') as f:
+            record = json.load(f)
+        return record, [100 * record['micro_f1'], 100 * record['macro_f1']]
+
+    clone, new = f1('clone/prompt-none-s0')
+    _, old = f1('records/table3/prompt-none-s0')
+    sd = []
+    for k in range(2):
+        d = [f1(f'records/rerun/prompt-none-s{s}')[1][k]
+             - f1(f'records/table3/prompt-none-s{s}')[1][k] for s in range(10)]
+        mean = sum(d) / 10
+        sd.append((sum((x - mean) ** 2 for x in d) / 9) ** 0.5)
+    assert (f'tested at {new[0]:.2f} / {new[1]:.2f}, its record {old[0]:.2f} / {old[1]:.2f}: '
+            f'{new[0] - old[0]:+.2f} / {new[1] - old[1]:+.2f}, inside a rerun\'s spread (sd of a '
+            f'same-seed difference, from the rerun below: {sd[0]:.2f} / {sd[1]:.2f})'
+            ) in results_text()
+    provenance = clone['provenance']
+    assert provenance['commit'].startswith('77b3b37') and not provenance['dirty']
+    assert (provenance['gpu'], clone['args']['mix'], clone['args']['seed']) == (
+        'NVIDIA H200', 'none', 0)
+    with open(os.path.join(ROOT, 'results', 'records', 'table3', 'bert-none-s0',
+                           'test_metrics.json'), encoding='utf-8') as f:
+        assert json.load(f)['provenance']['data'] == provenance['data']
+    with open(os.path.join(ROOT, 'results', 'clone', 'setup.txt'), encoding='utf-8') as f:
+        digest = re.search(r'^([0-9a-f]{64})  models/minilm/model.safetensors$', f.read(), re.M)
+    assert 'fresh clone of 77b3b37' in results_text() and (
+        f'(sha256 {digest[1][:8]}...)' in results_text())
+
+
+def test_the_performance_table_is_the_benchmarks_log():
+    """Each row of RESULTS.md's Performance table: the first round's ms and x limit and the
+    second's x limit of each commit, as its log printed them (the limit's row: ms and 1.000)."""
+    path = os.path.join(ROOT, 'results', 'bench', '77b3b37-f0b5a4f.txt')
+    with open(path, encoding='utf-8') as f:
+        rounds = re.split(r'^(\w+) round (\d)$', f.read(), flags=re.M)[1:]
+    logs = {(c, r): body for c, r, body in zip(rounds[::3], rounds[1::3], rounds[2::3])}
+    assert len(logs) == 4
+    with open(os.path.join(ROOT, 'RESULTS.md'), encoding='utf-8') as f:
+        section = f.read().split('## Performance')[1]
+    rows = [line.replace('*', '').split(' | ') for line in section.splitlines()
+            if line.startswith('| ') and not line.startswith(('| training', '| ---'))]
+    assert len(rows) == 9
+    for row in rows:
+        name = row[0][2:].replace(' (one packed row)', '').replace(' (padded)', '')
+        limit = name.startswith('limit')
+        cells = []
+        for commit in ('77b3b37', 'f0b5a4f'):
+            first, second = logs[commit, '1'], logs[commit, '2']
+            # The limit's padding is the floor's, whose kernels it times.
+            line = re.compile(rf'^{re.escape("floor, graphed" if limit else name)} +([\d.]+) +'
+                              r'([\d.]+) +([\d.]+%)$', re.M)
+            (ms, x, pad), again = line.search(first).groups(), line.search(second)[2]
+            if limit:
+                ms, x, again = re.search(r'limit: ([\d.]+) ms', first)[1], '1.000', '1.000'
+            cells += [ms, x, again]
+        assert row[1:] == cells + [f'{pad} |'], row
+
+
 def test_every_recorded_run_started_from_the_same_label_embeddings():
     """One setting for all the records: each Prompt run's relatives.json holds the same shares at
     initialisation. A run made without the setting's label_names.tsv starts elsewhere (its label
