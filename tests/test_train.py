@@ -112,6 +112,25 @@ def test_one_epoch_variants_and_dev_f1_by_hand(tmp_path, arch, mix, flags):
     assert line['dev_macro_f1'] == pytest.approx(sum(f1) / len(f1))
 
 
+def test_an_epochs_train_loss_is_the_mean_of_its_steps_losses(tmp_path, monkeypatch):
+    """metrics.jsonl's train_loss: the mean over the epoch's steps of each step's loss (12
+    documents in batches of 5: 3 steps), not a mean over documents."""
+    losses, step = [], train.train_step
+
+    def recording(*a):
+        loss, lam = step(*a)
+        losses.append(float(loss))
+        return loss, lam
+    monkeypatch.setattr(train, 'train_step', recording)
+    out = tmp_path / 'run'
+    try:
+        train.main(FAST + ['--epochs', '1', '--batch', '5', '--out', str(out)])
+    except SystemExit as e:  # One epoch on 12 documents may learn nothing, and say so.
+        assert e.code == NOTHING_LEARNED, e.code
+    assert len(losses) == 3
+    assert read_metrics(out)[0]['train_loss'] == pytest.approx(sum(losses) / 3, rel=1e-6)
+
+
 def test_a_mixup_run_whose_epochs_end_in_its_warm_up_says_mixup_never_starts(tmp_path, capsys):
     """--epochs 1 --warmup-epochs 1: epoch 0 is warm-up, so Mixup never starts (one warning);
     with --epochs 2 it starts in epoch 1, and nothing is said."""
@@ -156,6 +175,16 @@ def test_train_fraction_keeps_ceil_of_fraction_times_the_training_documents(frac
     assert [len(run.tokens[s]) for s in ('train', 'dev', 'test')] == [kept, 300, 300]
     assert len(run.gold['train']) == kept
 
+
+def test_train_fraction_draws_its_documents_with_the_runs_seed():
+    """--train-fraction 0.01 --seed 1 keeps the 12 training documents at the first 12 places of
+    numpy's default_rng(1) permutation of the demo's 1200, in their order; dev and test whole."""
+    _, splits = data.load_demo()
+    keep = sorted(np.random.default_rng(1).permutation(1200)[:12].tolist())
+    run = train.prepare(*train.parse(['--data', 'demo', '--device', 'cpu', '--train-fraction',
+                                      '0.01', '--seed', '1']), None)
+    assert run.gold['train'] == [splits['train'][i][1] for i in keep]
+    assert run.gold['dev'] == [ls for _, ls in splits['dev']]
 
 
 @pytest.fixture(scope='module')
@@ -238,6 +267,22 @@ def test_vanilla_mixup_ratios_folded_beta_and_no_mlm_for_bert(recorded):
     assert all('mlm_pos' in b for b, _, _ in epoch)
     (epoch,), _ = recorded['bert']
     assert epoch and not any('mlm_pos' in b for b, _, _ in epoch)
+
+
+def test_no_mlm_draws_no_masks_for_the_prompt(tmp_path, monkeypatch):
+    """--no-mlm: the prompt model trains without HPT's MLM term, so no batch has masked
+    positions (without the flag, every batch of the recorded Prompt + Mixup run has them)."""
+    batches, step = [], train.train_step
+
+    def recording(model, opt, scaler, batch):
+        batches.append(batch)
+        return step(model, opt, scaler, batch)
+    monkeypatch.setattr(train, 'train_step', recording)
+    try:
+        train.main(FAST + ['--no-mlm', '--epochs', '1', '--out', str(tmp_path / 'run')])
+    except SystemExit as e:  # One epoch on 12 documents may learn nothing, and say so.
+        assert e.code == NOTHING_LEARNED, e.code
+    assert len(batches) == 2 and not any('mlm_pos' in b for b in batches)
 
 
 def test_early_stopping_on_dev_macro_f1_and_best_the_first_of_equals(tmp_path, monkeypatch):
