@@ -473,6 +473,9 @@ def test_resume_keeps_the_runs_epochs_and_arguments_and_says_so(base_run, tmp_pa
     resume(out)
     assert f'--resume: {out} is finished (2 epochs); nothing to do' in capsys.readouterr().err
     assert tree_state(out) == before
+    resume(out, '--epochs', '1')  # a given --epochs is the run's new end, never an ignored flag
+    assert capsys.readouterr().err == f'--resume: {out} is finished (2 epochs); nothing to do\n'
+    assert tree_state(out) == before
 
 
 def make_out(kind, tmp_path, run):
