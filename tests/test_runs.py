@@ -71,6 +71,11 @@ def _drop_a_weight(path):
     save_file({k: v for k, v in load_file(path).items() if k != 'label_bias'}, path, meta)
 
 
+def _add_a_weight(path):
+    meta = safe_open(path, 'pt').metadata()
+    save_file({**load_file(path), 'stray': torch.zeros(2)}, path, meta)
+
+
 def _narrower(path):  # config.json edited: hidden_size 64 instead of the weights' 128
     config = path.parent / 'config.json'
     config.write_text(json.dumps({**json.loads(config.read_text()), 'hidden_size': 64}))
@@ -87,6 +92,8 @@ CORRUPT = '{c}/model.safetensors: unreadable, truncated or corrupt ('
     (lambda p: save_file(load_file(p), p), None, CORRUPT + "KeyError: 'lhmix')"),  # no metadata
     (_drop_a_weight, None, '{c}/model.safetensors: weights missing, unexpected or not shaped as '
      'config.json says: label_bias and 0 more'),
+    (_add_a_weight, None, '{c}/model.safetensors: weights missing, unexpected or not shaped as '
+     'config.json says: stray and 0 more'),
     (_narrower, None, '{c}/model.safetensors: weights missing, unexpected or not shaped as '
      'config.json says: mlm.bert.embeddings.LayerNorm.bias and 38 more'),
     (os.remove, None, '{c}: not an LH-Mix checkpoint (no model.safetensors)'),

@@ -185,6 +185,17 @@ def test_train_fraction_draws_its_documents_with_the_runs_seed():
                                       '0.01', '--seed', '1']), None)
     assert run.gold['train'] == [splits['train'][i][1] for i in keep]
     assert run.gold['dev'] == [ls for _, ls in splits['dev']]
+    assert data.train_part(list(range(1200)), 0.01, 1) == keep  # in their order, not the draw's
+
+
+@pytest.mark.parametrize('arch, budget', [('prompt', 12 - 8 - 1), ('bert', 12 - 1 - 1)])
+def test_max_length_cuts_each_text_to_what_fits_beside_the_prefix_and_sep(arch, budget):
+    """--max-length 12 on the demo (depth 3, each text longer): a text keeps 12 - 8 - 1 = 3
+    word-pieces beside [CLS] [D1] [P] [D2] [P] [D3] [P] [SEP] and the closing [SEP]; BERT's,
+    12 - 1 - 1 = 10 beside [CLS] and [SEP]."""
+    run = train.prepare(*train.parse(['--data', 'demo', '--device', 'cpu', '--max-length', '12',
+                                      '--arch', arch]), None)
+    assert max(len(t) for t in run.tokens['test']) == budget
 
 
 @pytest.fixture(scope='module')
