@@ -232,12 +232,19 @@ def bad_field(lines):  # line 4: the abstract is missing
     return lines[:3] + [lines[3].rsplit('\t', 1)[0]] + lines[4:]
 
 
+def blank(k):  # line 4: field k (3 the Domain, 4 the area) holds only a space
+    return lambda ls: ls[:3] + ['\t'.join(' ' if i == k else c for i, c in
+                                          enumerate(ls[3].split('\t')))] + ls[4:]
+
+
 @pytest.mark.parametrize('edit, message', [
     (bad_field, ':4: expected 7 tab-separated fields with a Domain and an area, found 6'),
     # a tab inside the abstract: 8 fields, as many a mistake as 6
     (lambda ls: ls[:3] + [ls[3] + '\tmore'] + ls[4:], ':4: expected 7 tab-separated fields with a '
      'Domain and an area, found 8'),
     (lambda ls: bad_field(ls)[:2] + [''] + bad_field(ls)[2:], ':5: expected 7'),  # blanks count
+    (blank(3), ':4: expected 7 tab-separated fields with a Domain and an area, found 7'),
+    (blank(4), ':4: expected 7 tab-separated fields with a Domain and an area, found 7'),
     (lambda ls: ls[:1], ': 0 rows leave a split empty'),
     (lambda ls: ls[:3], ': 2 rows leave a split empty'),  # test 1, dev 1 of the other 1
     (lambda ls: [ls[0].replace('Domain', 'Dom')] + ls[1:], ':1: expected the header Y1 Y2 Y'),
