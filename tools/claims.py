@@ -654,9 +654,10 @@ def checkpoints(r):
     """Prints the micro-F1 verdicts of Table 3's and Fig. 4's lines at dev level, each run's dev
     F1 at its best dev macro-F1 epoch (its checkpoint) and at its best dev micro-F1 epoch."""
     rows = [row for row in PAPER if row[0].startswith(('Table 3', 'Fig. 4'))]
-    by = {key: lines(rows, measure(rows, at_dev(r, f'dev_{key}'))) for key in F1}
+    dev = {key: at_dev(r, f'dev_{key}') for key in F1}  # each reads every run's metrics.jsonl
+    by = {key: lines(rows, measure(rows, d)) for key, d in dev.items()}
     gain = [100 * (b['micro_f1'] - a['micro_f1']) for a, b in zip(*(
-        [t for s in at_dev(r, f'dev_{key}').groups for t in s.tests] for key in F1[::-1]))]
+        [t for s in dev[key].groups for t in s.tests] for key in F1[::-1]))]
     words = {key: [test.verdicts()[0] for _, test, why in found if test and not why]
                    for key, found in by.items()}
     moved = [f'{row[0]}, {test.what}: {w} → {v}' for (row, test, why), w, v in zip(
@@ -745,9 +746,9 @@ def claims(args):
     provenance(r.groups + ([again_runs] if args.rerun else []))
     tables = [(title, rows, measure(rows, r)) for title, rows in (
         ("The paper's claims", PAPER), ('Our own tests', OURS))]
-    r.paired = True
-    paired = [measure(rows, r) for _, rows, _ in tables]
-    r.paired = False
+    both = copy.copy(r)
+    both.paired = True  # paired by seed at 100% too
+    paired = [measure(rows, both) for _, rows, _ in tables]
     n = sum(len(s.folders) for s in r.groups)
     print(f'\n{n} runs of --data {r.data}. a / b: test micro- / macro-F1 in points (unless the '
           'line says otherwise), unadjusted 95% interval, verdict (rules: python -m tools.claims '

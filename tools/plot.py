@@ -392,7 +392,7 @@ def forest(fig, groups, headline=False):
             marker, colour = VERDICTS[verdict.removesuffix(' (marginal)')]
             ax.plot([t.value[i]], [y], marker, color=colour, ms=7, gid=f'claims-{c}-{y}',
                     mfc='white' if verdict.endswith('(marginal)') else colour)
-        if len(ys) > len(set(ys) & set(range(len(rows)))):  # ours apart
+        if any(ours for ours, *_ in rows):  # ours apart
             split = ys[[ours for ours, *_ in rows].index(True)] - 1
             ax.axhline(split, color='k', lw=0.8, ls='--', gid=f'claims-{c}-split')
             if c == 0:
