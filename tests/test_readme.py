@@ -1,6 +1,7 @@
 """The README's examples for a new user, run as written: its own-data example (a taxonomy and a
 training file, written out in the README, then its shell commands) and its checkpoint example,
 saved as a file in the repository's folder. Each runs in a temporary copy of that folder."""
+import json
 import os
 import re
 import shutil
@@ -8,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import data
@@ -117,6 +119,18 @@ def test_the_checkpoint_example_runs_as_a_file_in_the_repository_folder(tmp_path
     assert out.stderr.splitlines()[-1] == "ModuleNotFoundError: No module named 'evaluate'"
 
 
+def own_data_run(folder):
+    """The README's own-data command, as written, run in `folder` (its data/mine written there):
+    its output's lines, its stderr and its test macro-F1; it must end well."""
+    command = re.findall(r'^python train.py .*$', section('Your own data'), re.M)[-1]
+    out = subprocess.run(command.split(), cwd=folder, env=repository(folder), text=True,
+                         capture_output=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    return lines, out.stderr, float(
+        re.match(r'test micro-F1 [\d.]+  macro-F1 ([\d.]+)', lines[-1])[1])
+
+
 ACCENTED = {  # a tree of depth 4 whose names and texts carry accents, upper- and lower-case
     'Sciences': {'Physique': {'Optique': ['Réfraction', 'Lumière']},
                  'Biologie': {'Génétique': ['Séquençage', 'Hérédité']}},
@@ -130,8 +144,6 @@ def test_a_depth_4_data_set_with_accented_names_learns_with_the_readmes_command(
     capitals or with an s, half from 40 background words), 40 dev, 40 test. Every name is a
     word-piece (no warning), and the run reaches test macro-F1 80 or more (85.35 with torch 2.13
     on a CPU) in about 20 s."""
-    import json
-    import numpy as np
     folder, paths = tmp_path / 'data' / 'mine', []
 
     def walk(parent, node, path):
@@ -153,15 +165,10 @@ def test_a_depth_4_data_set_with_accented_names_learns_with_the_readmes_command(
                 words[rng.integers(len(words))] if rng.random() < 0.5 else f'mot{rng.integers(40)}'
                 for _ in range(int(rng.integers(15, 30)))), 'label': [path[-1]]}))
         (folder / f'mine_{split}.json').write_text('\n'.join(docs) + '\n', 'utf-8')
-    command = re.findall(r'^python train.py .*$', section('Your own data'), re.M)[-1]
-    out = subprocess.run(command.split(), cwd=tmp_path, env=repository(tmp_path), text=True,
-                         capture_output=True, timeout=300)
-    assert out.returncode == 0 and 'warning' not in out.stderr, out.stderr
-    lines = out.stdout.splitlines()
+    lines, err, macro = own_data_run(tmp_path)
+    assert 'warning' not in err, err
     assert lines[0].startswith('18 labels, depth 4; documents train 160, dev 40, test 40')
-    macro = float(re.match(r'test micro-F1 [\d.]+  macro-F1 ([\d.]+)', lines[-1])[1])
     assert macro >= 80, lines[-1]
-
 
 
 CATALOGUE = {  # a shop's catalogue of depth 3: French names with accents, spaces and dashes
@@ -185,8 +192,6 @@ def test_a_depth_3_catalogue_with_accented_names_learns_with_the_readmes_command
     leaf's own words, never its name, among 30 words shared by all; a fifth of them in two leaves
     of two departments), 24 dev, 24 test. It reaches test macro-F1 70 or more (80.67 at best dev
     epoch 66 with torch 2.13 on a CPU, in about 30 s)."""
-    import json
-    import numpy as np
     folder = tmp_path / 'data' / 'mine'
     folder.mkdir(parents=True)
     lines, leaves = ['\t'.join(['Root', *CATALOGUE])], []
@@ -211,11 +216,6 @@ def test_a_depth_3_catalogue_with_accented_names_learns_with_the_readmes_command
                 shared[rng.integers(len(shared))] for _ in range(int(rng.integers(6, 12)))),
                 'label': [name for _, name in chosen]}, ensure_ascii=False))
         (folder / f'mine_{split}.json').write_text('\n'.join(docs) + '\n', 'utf-8')
-    command = re.findall(r'^python train.py .*$', section('Your own data'), re.M)[-1]
-    out = subprocess.run(command.split(), cwd=tmp_path, env=repository(tmp_path), text=True,
-                         capture_output=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
+    lines, _, macro = own_data_run(tmp_path)
     assert lines[0].startswith('21 labels, depth 3; documents train 80, dev 24, test 24')
-    macro = float(re.match(r'test micro-F1 [\d.]+  macro-F1 ([\d.]+)', lines[-1])[1])
     assert macro >= 70, lines[-1]

@@ -136,7 +136,6 @@ def test_the_dispatch_runs_each_line_once_on_the_gpus_then_fig_6(tmp_path):
                        'relatives.json' for n in ('prompt-lhmix-s3', 'prompt-none-s0')]
 
 
-
 def test_a_part_reruns_beside_the_records(tmp_path):
     """The sentence after the blocks, as written: with R set to a new folder before the lists, its
     command runs exactly one line, Table 3's Prompt at seed 0, into the new folder."""
