@@ -34,6 +34,16 @@ from helpers import (FAST, PARENTS, error_of, is_whole_run, read_metrics, tiny_m
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository
 TIMING = ('seconds', 'dev_seconds', 'samples_per_s')
+NOTHING_LEARNED = 'error: stopped too soon (dev macro-F1 0): try a larger --early-stop or --lr'
+
+
+def brief_run(argv):
+    """train.main(argv) for a run too short to be sure to learn (such as an epoch on FAST's 12
+    documents): it may end saying that it learned nothing, and only so."""
+    try:
+        train.main(argv)
+    except SystemExit as e:
+        assert e.code == NOTHING_LEARNED, e.code
 
 
 def results(out):
@@ -123,10 +133,7 @@ def test_an_epochs_train_loss_is_the_mean_of_its_steps_losses(tmp_path, monkeypa
         return loss, lam
     monkeypatch.setattr(train, 'train_step', recording)
     out = tmp_path / 'run'
-    try:
-        train.main(FAST + ['--epochs', '1', '--batch', '5', '--out', str(out)])
-    except SystemExit as e:  # One epoch on 12 documents may learn nothing, and say so.
-        assert e.code == NOTHING_LEARNED, e.code
+    brief_run(FAST + ['--epochs', '1', '--batch', '5', '--out', str(out)])
     assert len(losses) == 3
     assert read_metrics(out)[0]['train_loss'] == pytest.approx(sum(losses) / 3, rel=1e-6)
 
@@ -218,10 +225,7 @@ def recorded(tmp_path_factory):
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(train, 'train_step', recording)
             mp.setattr(train, 'train_epoch', lambda *a: (epochs.append([]), one_epoch(*a))[1])
-            try:
-                train.main(FAST + flags + ['--out', str(root / name)])
-            except SystemExit as e:  # One epoch on 12 documents may learn nothing, and say so.
-                assert e.code == NOTHING_LEARNED, e.code
+            brief_run(FAST + flags + ['--out', str(root / name)])
         out[name] = epochs, root / name
     return out
 
@@ -289,10 +293,7 @@ def test_no_mlm_draws_no_masks_for_the_prompt(tmp_path, monkeypatch):
         batches.append(batch)
         return step(model, opt, scaler, batch)
     monkeypatch.setattr(train, 'train_step', recording)
-    try:
-        train.main(FAST + ['--no-mlm', '--epochs', '1', '--out', str(tmp_path / 'run')])
-    except SystemExit as e:  # One epoch on 12 documents may learn nothing, and say so.
-        assert e.code == NOTHING_LEARNED, e.code
+    brief_run(FAST + ['--no-mlm', '--epochs', '1', '--out', str(tmp_path / 'run')])
     assert len(batches) == 2 and not any('mlm_pos' in b for b in batches)
 
 
@@ -309,9 +310,6 @@ def test_early_stopping_on_dev_macro_f1_and_best_the_first_of_equals(tmp_path, m
     assert [m['epoch'] for m in read_metrics(out)] == [0, 1, 2, 3]
     _, test = results(out)
     assert test['best_epoch'] == 1 == runs.load_checkpoint(str(out / 'best'))[2]['epoch']
-
-
-NOTHING_LEARNED = 'error: stopped too soon (dev macro-F1 0): try a larger --early-stop or --lr'
 
 
 @pytest.mark.parametrize('macro, ended', [([0.0, 0.0, 0.0], NOTHING_LEARNED),
