@@ -166,10 +166,16 @@ def test_the_readmes_first_screen_says_what_the_claims_tables_say():
                 verdict, marked, number[0], bullet)
 
 
+def results_text():
+    """RESULTS.md with its lines joined by single spaces."""
+    with open(os.path.join(ROOT, 'RESULTS.md'), encoding='utf-8') as f:
+        return ' '.join(f.read().split())
+
+
 def test_the_bert_rows_means_now_as_results_md_gives_them_beside_the_old():
     """The sentence on Table 3's redrawn BERT rows: each row's old and new test micro / macro
     means; the new, each the mean of its 10 records' F1 (float64, in points), here."""
-    text = ' '.join(open(os.path.join(ROOT, 'RESULTS.md'), encoding='utf-8').read().split())
+    text = results_text()
     for name, mix in (('BERT', 'none'), ('+ Mixup', 'mixup'), ('+ LH-Mix', 'lhmix')):
         f1 = []
         for path in glob.glob(os.path.join(ROOT, 'results', 'records', 'table3', '*',
@@ -181,12 +187,6 @@ def test_the_bert_rows_means_now_as_results_md_gives_them_beside_the_old():
         micro, macro = sum(x for x, _ in f1) / len(f1), sum(y for _, y in f1) / len(f1)
         assert len(f1) == 10 and re.search(
             rf'[;:] {re.escape(name)} [\d.]+ / [\d.]+, {micro:.2f} / {macro:.2f}[;)]', text), name
-
-
-def results_text():
-    """RESULTS.md with its lines joined by single spaces."""
-    with open(os.path.join(ROOT, 'RESULTS.md'), encoding='utf-8') as f:
-        return ' '.join(f.read().split())
 
 
 def test_the_fresh_clones_run_as_results_md_gives_it():
