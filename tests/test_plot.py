@@ -677,15 +677,12 @@ def font_px(path, width=830):
 
 
 @PLOTTING
-def test_the_claims_figures_keep_our_tests_apart_and_the_headline_readable(tmp_path,
-                                                                           monkeypatch):
+def test_the_claims_figures_keep_our_tests_apart_and_the_headline_readable(tmp_path):
     """Beside CLAIMED, Prompt + LH-Mix and the control (our test): the full figure has the
     paper's 13 lines that these runs test (Table 3's three, Fig. 7's ten), then below a line and
     its heading our one; the headline figure the three of Table 3 and ours, apart the same way,
     its smallest text 9 px or more at 830 px wide, as is the README's copy, of at most 14 lines;
     slopes named in the x axis' label where a line is one."""
-    if 'alpha' not in claims.DEFAULTS:
-        monkeypatch.setattr(claims, 'DEFAULTS', {'alpha': 1.0, 'beta': 0.75})
     args = {'none': {'mix': 'none'}, 'bert': {'arch': 'bert', 'mix': 'none'},
             'mixup': {'mix': 'mixup'}, 'bert-mixup': {'arch': 'bert', 'mix': 'mixup'},
             'lhmix': {'mix': 'lhmix'}, 'half': {'mix': 'lhmix', 'beta': 0.5}}
@@ -714,14 +711,12 @@ def test_the_claims_figures_keep_our_tests_apart_and_the_headline_readable(tmp_p
 
 
 @PLOTTING
-def test_a_marginal_verdict_is_drawn_hollow(tmp_path, monkeypatch):
+def test_a_marginal_verdict_is_drawn_hollow(tmp_path):
     """Prompt − BERT alone: micro-F1's Welch p (scipy) under 0.05, a family of one, but not when
     doubled in one Holm family with macro-F1's (by hand): its marker hollow, edged in its
     verdict's colour; macro-F1's inconclusive, filled."""
     from matplotlib.colors import to_hex
     from scipy import stats
-    if 'alpha' not in claims.DEFAULTS:
-        monkeypatch.setattr(claims, 'DEFAULTS', {'alpha': 1.0, 'beta': 0.75})
     prompt, bert = [(70, 40), (71, 45), (72, 41)], [(67.7, 42), (68.9, 40), (69.3, 44)]
     folders = [fake_run(tmp_path / f'{name}-s{s}', micro, macro, history=[(40, 50, None)],
                         seed=s, **args)
