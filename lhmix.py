@@ -386,15 +386,19 @@ def pad_rows(seqs, pad_id, multiple):
             'starts': torch.arange(len(seqs)) * T}
 
 
-def make_batch(model, token_ids, labels, rng=None, mlm_rate=0.0, layout=pad_rows):
-    """`prefix text [SEP]` each, by `layout` (pad_rows or speed.pack_row) to a multiple of 16 on a
-    GPU (tensor cores), else 8; `targets` (B, V) closed upward; with mlm_rate, masked (HPT's)."""
+def make_batch(model, token_ids, labels, rng=None, mlm_rate=0.0, partner=None,
+               hierarchy_ids=None, mix_alpha=None):
+    """`prefix text [SEP]` each, padded to a multiple of 16 on a GPU (tensor cores), else 8;
+    `targets` (B, V) closed upward; with mlm_rate, masked (HPT's). With `partner`, a Mixup batch:
+    LH-Mix's by `hierarchy_ids`, else vanilla Mixup's, its ratios drawn by `rng` (mix_alpha)."""
     if len(labels) != len(token_ids):
         raise ValueError(f'{len(token_ids)} texts, {len(labels)} label lists: give one per text')
-    if mlm_rate > 0 and rng is None:
-        raise ValueError('mlm_rate > 0 draws masks: give rng=numpy.random.default_rng(seed)')
-    seqs = [np.concatenate([model.prefix, t, [model.special['sep']]]) for t in token_ids]
-    batch = layout(seqs, model.special['pad'], 16 if next(model.parameters()).is_cuda else 8)
+    if partner is not None and (hierarchy_ids is None) == (mix_alpha is None):
+        raise ValueError('a Mixup batch (partner) takes hierarchy_ids (LH-Mix) or mix_alpha')
+    if (mlm_rate > 0 or mix_alpha is not None) and rng is None:
+        raise ValueError('mlm_rate > 0 and mix_alpha draw: give rng=numpy.random.default_rng(seed)')
+    seqs = [np.concatenate([model.prefix, t, [model.special['sep']]]) for t in token_ids]  # @prompt
+    batch = pad_rows(seqs, model.special['pad'], 16 if next(model.parameters()).is_cuda else 8)
     batch['targets'] = torch.zeros(len(token_ids), len(model.hierarchy), dtype=torch.bool)
     for b, ls in enumerate(labels):
         batch['targets'][b, model.hierarchy.closure(ls)] = True
@@ -404,6 +408,12 @@ def make_batch(model, token_ids, labels, rng=None, mlm_rate=0.0, layout=pad_rows
             batch['input_ids'], texts, token_ids, rng, mlm_rate, model.special['mask'])
         if len(pos):  # A batch with nothing masked has no MLM term.
             batch['mlm_pos'], batch['mlm_labels'] = pos, gold
+    if partner is not None:
+        batch['partner'] = torch.as_tensor(partner)
+        if hierarchy_ids is not None:
+            batch['hierarchy_ids'] = torch.as_tensor(hierarchy_ids)
+        else:  # Drawn after the masks, so that a seed draws both as it always has.
+            batch['lam'] = vanilla_mixup_ratio(rng, mix_alpha, len(token_ids))
     return batch
 
 

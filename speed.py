@@ -3,8 +3,9 @@ where there is no Mixup; Mixup's random batches packed into one row whose docume
 themselves only; whole steps replayed from CUDA graphs, where use_cuda_graphs() says they run.
 
     train_batches(lengths, batch_size, rng, mixing)   an epoch's batches and Mixup partners
+    epoch_batches(model, tokens, labels, ...)   an epoch's batches, whole, on the device
     use_packed_rows(model)        the encoder attends per document in a packed row
-    pack_row(seqs, pad_id, multiple)   a layout for lhmix.make_batch: all documents in one row
+    pack_row(batch, pad_id)       a padded batch of lhmix.make_batch's, all in one row
     pad_for_graphs(batch, rate)   the MLM term's positions padded to a count per batch shape
     to_device(batch, device)      a batch moved to a GPU without a host sync
     make_optimizer(model, lr, capturable)   Adam, fused on a GPU, ready for CUDA graphs
@@ -17,6 +18,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import transformers
+
+import lhmix
 
 TRANSFORMERS_5 = int(transformers.__version__.split('.')[0]) >= 5
 # A packed row's length is a multiple of PACKED, so that CUDA graphs see few shapes; on WOS's
@@ -70,21 +73,42 @@ def train_batches(lengths, batch_size, rng, mixing):
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def pack_row(seqs, pad_id, multiple):
-    """Id lists laid out as lhmix.make_batch's `layout`, all in one row, a multiple of PACKED
-    long (`multiple` divides it): input_ids, position_ids, token_type_ids (the encoder's default
-    ones stop at its positions), cu_seq_lens_q (each list's start, then the padding's start, a
-    document of its own, then the row's end) and `starts`, each list's first position."""
-    lengths = np.array([len(s) for s in seqs])
-    ends = np.cumsum(lengths)
-    T = (ends[-1] // PACKED + 1) * PACKED  # At least one padding token ends the row.
-    ids, pos = np.full((1, T), pad_id, dtype=np.int64), np.zeros((1, T), dtype=np.int64)
-    ids[0, :ends[-1]] = np.concatenate(seqs)
-    pos[0, :ends[-1]] = np.concatenate([np.arange(k) for k in lengths])
-    offsets = np.concatenate([[0], ends, [T]])
-    return {k: torch.from_numpy(v) for k, v in dict(
-        input_ids=ids, position_ids=pos, token_type_ids=np.zeros_like(ids),
-        cu_seq_lens_q=offsets, starts=offsets[:-2]).items()}
+def epoch_batches(model, tokens, labels, batch_size, rng, device, mlm_rate=0.0, mixing=False,
+                  graphed=False, hierarchy_ids=None, mix_alpha=None):
+    """Yield an epoch's batches (train_batches'), each whole and on `device`: lhmix.make_batch's,
+    while mixing with their partners and LH-Mix's `hierarchy_ids` (each document's), else
+    vanilla Mixup's ratios (`mix_alpha`). For CUDA graphs, Mixup's random batches are packed into
+    one row (eager steps pad them: nested tensors cost an eager step more), and each batch's
+    masked positions padded (pad_for_graphs)."""
+    for idx, partner in train_batches([len(t) for t in tokens], batch_size, rng, mixing):
+        batch = lhmix.make_batch(
+            model, [tokens[i] for i in idx], [labels[i] for i in idx], rng, mlm_rate, partner,
+            None if hierarchy_ids is None else hierarchy_ids[idx], mix_alpha)
+        if graphed:
+            packed = pack_row(batch, model.special['pad']) if mixing else batch
+            batch = pad_for_graphs(packed, mlm_rate)
+        yield to_device(batch, device)
+
+
+def pack_row(batch, pad_id):
+    """lhmix.make_batch's padded `batch`, all in one row, a multiple of PACKED long: input_ids,
+    position_ids, token_type_ids (the encoder's default ones stop at its positions),
+    cu_seq_lens_q (each document's start, then the padding's start, a document of its own, then
+    the row's end), `starts` (each document's first position) and its masked positions there."""
+    mask, batch = batch['attention_mask'].bool(), dict(batch)
+    del batch['attention_mask']
+    lengths = mask.sum(1)
+    ends = lengths.cumsum(0)
+    T = (int(ends[-1]) // PACKED + 1) * PACKED  # At least one padding token ends the row.
+    ids = torch.full((1, T), pad_id, dtype=torch.int64)
+    ids[0, :ends[-1]] = batch['input_ids'][mask]
+    pos = torch.zeros((1, T), dtype=torch.int64)
+    pos[0, :ends[-1]] = torch.cat([torch.arange(n) for n in lengths.tolist()])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), ends, torch.tensor([T])])
+    if 'mlm_pos' in batch:  # Each masked position of the padded batch, in the row
+        batch['mlm_pos'] = (mask.flatten().cumsum(0) - 1)[batch['mlm_pos']]
+    return {**batch, **dict(input_ids=ids, position_ids=pos, token_type_ids=torch.zeros_like(ids),
+                            cu_seq_lens_q=offsets, starts=offsets[:-2])}
 
 
 def pad_for_graphs(batch, rate):

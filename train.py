@@ -172,36 +172,28 @@ def train_step(model, opt, scaler, batch):
 
 # One epoch, the dev figures, the epochs (fit), the test
 
-def train_epoch(run, step, epoch, bar):
-    """Trains an epoch; returns (mean loss, lambdas or None). Mixup's batches are random: graphed
-    steps pack them into one row, eager ones pad them (nested tensors cost an eager step more)."""
-    args, model, tokens, gold = run.args, run.model, run.tokens['train'], run.gold['train']
+def train_epoch(run, step, graphed, epoch, bar):
+    """Trains an epoch; returns (mean loss, lambdas or None)."""
+    args, model = run.args, run.model
     # Each epoch draws from streams of its own, so that a resumed run draws as an unbroken one.
     rng = np.random.default_rng([args.seed, epoch])
     torch.manual_seed(args.seed * 100003 + epoch)
-    mixing = args.mix != 'none' and epoch >= args.warmup_epochs
+    mixing = args.mix != 'none' and epoch >= args.warmup_epochs  # @warm-up
     mlm_rate = MLM_RATE if model.mlm_term and not args.no_mlm else 0.0
+    # Mixup's ratios: LH-Mix's from each document's local hierarchy, else vanilla Mixup's draws.
+    mixup = (dict(hierarchy_ids=run.extra['hierarchy_ids']) if args.mix == 'lhmix' else
+             dict(mix_alpha=args.mix_alpha))
     model.train()
-    total, lams = torch.zeros((), device=args.device), []
-    graphed = isinstance(step, speed.CUDAGraphs)
-    batches = speed.train_batches([len(t) for t in tokens], args.batch, rng, mixing)
-    for idx, partner in batches:
-        batch = lhmix.make_batch(model, [tokens[i] for i in idx], [gold[i] for i in idx], rng,
-                                 mlm_rate, speed.pack_row if mixing and graphed else lhmix.pad_rows)
-        if graphed:
-            speed.pad_for_graphs(batch, mlm_rate)
-        if mixing:
-            batch['partner'] = torch.from_numpy(partner)
-            if args.mix == 'lhmix':
-                batch['hierarchy_ids'] = run.extra['hierarchy_ids'][idx]
-            else:
-                batch['lam'] = lhmix.vanilla_mixup_ratio(rng, args.mix_alpha, len(idx))
-        loss, lam = step(speed.to_device(batch, args.device))
+    total, lams, steps = torch.zeros((), device=args.device), [], 0
+    for steps, batch in enumerate(speed.epoch_batches(
+            model, run.tokens['train'], run.gold['train'], args.batch, rng, args.device, mlm_rate,
+            mixing, graphed=graphed, **mixup), 1):
+        loss, lam = step(batch)
         total += loss  # Summed on the device, so that no step waits for the GPU.
         if lam is not None:
             lams.append(lam.clone())  # A graph's next replay overwrites its output.
         bar.update(1)
-    loss = total.item() / len(batches)
+    loss = total.item() / steps
     if not math.isfinite(loss):
         raise FloatingPointError(f'the training loss became {loss} in epoch {epoch} (try a lower '
                                  '--lr); this epoch is not saved')
@@ -252,11 +244,11 @@ def fit(run):
     steps = -(-len(run.tokens['train']) // args.batch)
     with tqdm(total=steps * max(args.epochs - len(run.history), 0), disable=None) as bar:
         for epoch in range(len(run.history), args.epochs):
-            if runs.since_best(run.history) >= args.early_stop:
+            if runs.since_best(run.history) >= args.early_stop:  # @early-stop
                 tqdm.write(f'early stop: dev macro-F1 not improved for {args.early_stop} epochs')
                 break
             t0 = time.time()
-            loss, lam = train_epoch(run, step, epoch, bar)
+            loss, lam = train_epoch(run, step, graphed, epoch, bar)
             run.history.append(evaluate_dev(run, epoch, loss, lam, time.time() - t0))
             if not all(torch.isfinite(p).all() for p in model.parameters()):
                 raise FloatingPointError(f'the weights became infinite or NaN in epoch {epoch} '

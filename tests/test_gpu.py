@@ -26,16 +26,11 @@ def _run_steps(model, docs, labels, ids, device, mix, graphs, steps=10):
         speed.use_packed_rows(model)
     model.train()
     losses = []
-    for idx, partner in (speed.train_batches([len(d) for d in docs], 8, rng, mix) * 2)[:steps]:
-        b = lhmix.make_batch(model, [docs[i] for i in idx], [labels[i] for i in idx], rng, 0.15,
-                             layout=speed.pack_row if graphs and mix else lhmix.pad_rows)
-        if graphs:
-            speed.pad_for_graphs(b, 0.15)
-        if mix:
-            b['partner'], b['hierarchy_ids'] = torch.from_numpy(partner), torch.from_numpy(ids[idx])
-        loss, lam = step(speed.to_device(b, device))
-        losses.append(loss.item())
-    return losses, step
+    for _ in range(2):  # two epochs' batches
+        for b in speed.epoch_batches(model, docs, labels, 8, rng, device, 0.15, mix, graphs,
+                                     hierarchy_ids=torch.from_numpy(ids)):
+            losses.append(step(b)[0].item())
+    return losses[:steps], step
 
 
 def test_a_run_on_the_gpu_and_its_resumption(tmp_path):

@@ -23,7 +23,7 @@ def test_a_packed_row_lays_the_documents_out_one_after_another():
     torch.manual_seed(0)
     model, _ = tiny_model(lhmix.Hierarchy(PARENTS))
     docs, labels = [np.array([5, 6, 7]), np.array([8]), np.array([9, 10])], [[0, 2], [1], [3]]
-    b = lhmix.make_batch(model, docs, labels, layout=speed.pack_row)
+    b = speed.pack_row(lhmix.make_batch(model, docs, labels), model.special['pad'])
     p, sep, pad = model.prefix, model.special['sep'], model.special['pad']
     rows = [p + [5, 6, 7, sep], p + [8, sep], p + [9, 10, sep]]
     assert b['input_ids'].tolist() == [rows[0] + rows[1] + rows[2] + [pad] * 95]
@@ -32,7 +32,7 @@ def test_a_packed_row_lays_the_documents_out_one_after_another():
     assert b['cu_seq_lens_q'].tolist() == [0, 12, 22, 33, 128] and 'attention_mask' not in b
     assert b['starts'].tolist() == [0, 12, 22] and b['targets'][0].tolist() == [1, 0, 1, 0, 0, 0]
     long = [np.arange(5, 100)] * 2  # 2 x (8 + 95 + 1) = 208 tokens: a row of 256
-    assert lhmix.make_batch(model, long, [[0]] * 2, layout=speed.pack_row)[
+    assert speed.pack_row(lhmix.make_batch(model, long, [[0]] * 2), 0)[
         'input_ids'].shape == (1, 256)
 
 
@@ -80,9 +80,10 @@ def test_one_packed_row_gives_the_loss_and_gradients_of_one_document_a_row(arch,
         lhmix.use_local_hierarchies(model, torch.randn(7, 16), 1.0, 0.75)
         mixing = {'partner': partner, 'hierarchy_ids': torch.arange(7)}
     out = []
-    for layout in (lhmix.pad_rows, speed.pack_row):
+    for packed in (False, True):
         b = lhmix.make_batch(model, docs, labels, np.random.default_rng(1),
-                             0.15 if model.mlm_term else 0, layout=layout)
+                             0.15 if model.mlm_term else 0)
+        b = speed.pack_row(b, model.special['pad']) if packed else b
         model.zero_grad(set_to_none=True)
         with lhmix.autocast(dev):
             loss, _ = model(**speed.to_device({**b, **mixing}, dev))
@@ -191,7 +192,7 @@ def test_train_batches_each_document_once_per_epoch(n, batch):
 def test_a_packed_row_a_multiple_of_128_long_still_ends_in_a_padding_document():
     """100 + 28 = 128 tokens: the row is 256 long, so that at least one padding token, a document
     of its own, ends it (cu_seq_lens_q: 0, 100, 128, 256)."""
-    b = speed.pack_row([np.arange(1, 101), np.arange(1, 29)], 0, 16)
+    b = speed.pack_row(lhmix.pad_rows([np.arange(1, 101), np.arange(1, 29)], 0, 16), 0)
     assert b['input_ids'].shape == (1, 256) and (b['input_ids'][0, 128:] == 0).all()
     assert b['cu_seq_lens_q'].tolist() == [0, 100, 128, 256] and b['starts'].tolist() == [0, 100]
 
@@ -219,3 +220,40 @@ def test_length_bucketed_batches_come_in_a_random_order():
         assert len(batches) == 40 and means != sorted(means)
         first.append(int(np.argmin(means)))
     assert len(set(first)) > 1
+
+
+# epoch_batches: a step's batch, whole, from one call
+
+CLOSED = {0: [0], 1: [1], 2: [0, 2], 3: [0, 3], 4: [1, 4], 5: [0, 2, 5]}  # PARENTS' paths by hand
+
+
+@pytest.mark.parametrize('graphed', [False, True])
+def test_an_epochs_batches_come_whole_from_one_call(graphed):
+    """10 documents in batches of 4: each once an epoch with its own labels closed upward; LH-Mix's
+    batches carry their partners and documents' local hierarchies, vanilla Mixup's a ratio each in
+    [0.5, 1], the warm-up's neither; for CUDA graphs, Mixup's batches in one packed row, and every
+    batch's masked positions padded to 64s."""
+    torch.manual_seed(0)
+    model, _ = tiny_model(lhmix.Hierarchy(PARENTS))
+    rng, cpu = np.random.default_rng(0), torch.device('cpu')
+    docs = [rng.integers(5, 20, int(k)) for k in rng.integers(3, 30, 10)]
+    labels = [[i % 6] for i in range(10)]
+    for kind in ({'hierarchy_ids': torch.arange(10) + 100}, {'mix_alpha': 1.0}, None):
+        got = list(speed.epoch_batches(model, docs, labels, 4, np.random.default_rng(1), cpu, 0.15,
+                                       kind is not None, graphed, **(kind or {})))
+        assert sorted(len(b['targets']) for b in got) == [2, 4, 4]
+        for b in got:
+            assert ('partner' in b, 'hierarchy_ids' in b, 'lam' in b) == (
+                kind is not None, kind is not None and 'mix_alpha' not in kind,
+                kind is not None and 'mix_alpha' in kind)
+            assert ('cu_seq_lens_q' in b) == (graphed and kind is not None)
+            assert len(b['mlm_pos']) % 64 == 0 if graphed else len(b['mlm_pos']) < 64
+            if 'lam' in b:
+                assert ((b['lam'] >= 0.5) & (b['lam'] <= 1)).all()
+            if 'hierarchy_ids' in b:
+                docs_in = (b['hierarchy_ids'] - 100).tolist()
+                assert [r.nonzero().flatten().tolist() for r in b['targets']] == [
+                    CLOSED[i % 6] for i in docs_in]
+        if kind and 'hierarchy_ids' in kind:
+            assert sorted(i for b in got for i in (b['hierarchy_ids'] - 100).tolist()) == [
+                *range(10)]

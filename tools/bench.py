@@ -117,7 +117,7 @@ def epochs(args, model, graphs):
                           extra={'hierarchy_ids': torch.arange(len(docs)) % 64})
     for epoch in (0, 1):
         t0 = time.perf_counter()
-        train.train_epoch(run, step, epoch, tqdm(disable=True))
+        train.train_epoch(run, step, graphs, epoch, tqdm(disable=True))
         print(f"{'graphed' if graphs else 'eager'} LH-Mix epoch {epoch} of {len(docs)} documents: "
               f'{time.perf_counter() - t0:.1f} s'
               + (f', {len(step.graphs)} graphs captured so far' if graphs else '')
@@ -133,25 +133,21 @@ def steps(args, model, table, graphs):
     # its gradients).
     rng = np.random.default_rng(0)
     docs, labels = documents(args.batch * args.steps, rng, args.size, model)
-    orders = [[idx for idx, _ in speed.train_batches([len(d) for d in docs], args.batch, rng,
-                                                     mixing)] for mixing in (False, True)]
+    ids, cpu = torch.arange(len(docs)) % 64, torch.device('cpu')
     runs, by_way = {}, {}
     for way in ways:
         graphed = way == 'graphed'
         floor = make_step(Floor(make_model(args.size, table).mlm.base_model), graphed)
         model = make_model(args.size, table)
         by_way[way] = step = make_step(model, graphed)
-        for mixing, order in enumerate(orders):
-            bs = []  # train.py's batches, with local hierarchies and partners, on the CPU
-            for i, idx in enumerate(order):
-                r = np.random.default_rng(i)  # the same eager and graphed
-                b = lhmix.make_batch(model, [docs[j] for j in idx], [labels[j] for j in idx], r,
-                                     train.MLM_RATE,
-                                     speed.pack_row if mixing and graphed else lhmix.pad_rows)
-                if graphed:
-                    speed.pad_for_graphs(b, train.MLM_RATE)
-                bs.append(dict(b, hierarchy_ids=torch.tensor(idx % 64),
-                               partner=torch.tensor(r.permutation(len(idx)))))
+        for mixing in (False, True):
+            # train.py's batches, the same for each way, on the CPU (timed() moves them); those
+            # without Mixup given partners too, for LH-Mix's step on them
+            r = np.random.default_rng(1)
+            bs = [b if mixing else dict(b, hierarchy_ids=ids[:len(b['targets'])], partner=(
+                torch.from_numpy(r.permutation(len(b['targets']))))) for b in speed.epoch_batches(
+                model, docs, labels, args.batch, np.random.default_rng(0), cpu, train.MLM_RATE,
+                mixing, graphed, hierarchy_ids=ids)]
             keys = [k for k in bs[0] if k not in ('hierarchy_ids', 'partner')]
             named = [('floor', floor, FLOOR), ('Prompt', step, keys),
                      ('LH-Mix', step, keys + ['hierarchy_ids', 'partner'])]
