@@ -151,10 +151,10 @@ class LHMix(Classifier):
         if mlm.get_input_embeddings().num_embeddings != self.slot_id + 1:
             # The new rows are left for initialize() to set, not averaged.
             mlm.resize_token_embeddings(self.slot_id + 1, mean_resizing=False)
-        # The MLM head's transform (dense, activation, LayerNorm) is Eq. 1's f^d's classifier.
-        self.transform = mlm.cls.predictions.transform  # Eq. 1: f^d's classifier
+        self.transform = mlm.cls.predictions.transform  # Eq. 1's f^d: the MLM head's transform
         self.label_bias = nn.Parameter(torch.zeros(len(tree)))
-        prefix = template(D, self.special['cls'], self.special['sep'], self.depth_ids, self.slot_id)
+        prefix = template(  # @prompt
+            D, self.special['cls'], self.special['sep'], self.depth_ids, self.slot_id)
         valid = torch.arange(1, D + 1)[:, None] == torch.tensor(tree.depth)  # Eq. 1: V^d
         return prefix, self.slot_id, valid
 
@@ -175,7 +175,7 @@ class LHMix(Classifier):
 
     def score(self, slot_hidden):
         """Eq. 1's scores p^d (B, slots, V); only the `valid` labels of each slot mean anything."""
-        verbalizer = self.label_embeddings().t()  # Eqs. 1 and 6
+        verbalizer = self.label_embeddings().t()  # Eq. 1's verbalizer (Eq. 6's too)
         return self.transform(slot_hidden) @ verbalizer + self.label_bias  # Eqs. 1 and 6
 
     def loss(self, scores, targets):
@@ -242,10 +242,10 @@ def local_hierarchy_ids(model, label_ids, name_ids):
 def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
     """Return each distinct local hierarchy's [CLS] state (U, H) and each label set's row (N,) in
     it. Call it before training: Sec. 4.1's encoder stays as it was. Sets are closed upward."""
-    keys = [tuple(model.hierarchy.closure(s)) for s in label_sets]
+    keys = [tuple(model.hierarchy.closure(s)) for s in label_sets]  # @local-hierarchy
     distinct = sorted(set(keys))
     name_ids = model.name_ids(tokenizer)
-    seqs = [local_hierarchy_ids(model, k, name_ids) for k in distinct]
+    seqs = [local_hierarchy_ids(model, k, name_ids) for k in distinct]  # @local-hierarchy
     device, was_training = next(model.parameters()).device, model.training
     model.eval()
     out = []
@@ -265,9 +265,9 @@ def use_local_hierarchies(model, table, alpha, beta):
 
 
 def hierarchy_similarity(h_i, h_j):
-    """Eq. 3's s of two [CLS] states, kept in [0, 1]: below 0 (rounding), s^alpha is NaN."""
+    """Eq. 3's s of two [CLS] states."""
     s = 0.5 * (F.cosine_similarity(h_i.float(), h_j.float(), dim=-1) + 1)  # Eq. 3
-    return s.clamp(0.0, 1.0)  # Eq. 3's s, kept in [0, 1]
+    return s.clamp(0.0, 1.0)  # Eq. 3's s kept in [0, 1]: below 0 (rounding), s^alpha is NaN
 
 
 def mixup_ratio(s, alpha, beta):
@@ -397,7 +397,8 @@ def make_batch(model, token_ids, labels, rng=None, mlm_rate=0.0, partner=None,
         raise ValueError('a Mixup batch (partner) takes hierarchy_ids (LH-Mix) or mix_alpha')
     if (mlm_rate > 0 or mix_alpha is not None) and rng is None:
         raise ValueError('mlm_rate > 0 and mix_alpha draw: give rng=numpy.random.default_rng(seed)')
-    seqs = [np.concatenate([model.prefix, t, [model.special['sep']]]) for t in token_ids]  # @prompt
+    seqs = [np.concatenate([model.prefix, t, [model.special['sep']]])  # @prompt
+            for t in token_ids]
     batch = pad_rows(seqs, model.special['pad'], 16 if next(model.parameters()).is_cuda else 8)
     batch['targets'] = torch.zeros(len(token_ids), len(model.hierarchy), dtype=torch.bool)
     for b, ls in enumerate(labels):

@@ -5,14 +5,15 @@ Run it again whenever a shown line moves or changes, or the README's list of dif
 
     python -m tools.paper
 
-The equations' lines are found by lhmix.py's tags. A tag is `Eq. N`, or `Eqs. N and M` (`Eqs. N,
-M and K`), in a comment that trails code on its line; one comment may hold several (`# Eq. 1 /
-Eq. 6: ...` tags Eqs. 1 and 6). A range such as `Eqs. 2-7` is a summary, not a tag, and neither is
-a comment on a line of its own or a docstring. The page shows the whole statement that holds a
-tagged line (of a compound statement, the header alone), verbatim, linked to its lines. Two tags
-of one equation on statements of one block, at most 8 lines apart, show as one block with the
-statements between: so a tag on a short block's first and last statements covers the block. The
-sequences' and steps' lines are those that ITEMS names, a definition or one statement in it.
+Every line shown is found by a tag or a definition's name, never by its text. An equation's tag
+is `Eq. N`, or `Eqs. N and M` (`Eqs. N, M and K`), in a comment that trails code in lhmix.py; one
+comment may hold several (`# Eq. 1 / Eq. 6: ...` tags Eqs. 1 and 6). A range such as `Eqs. 2-7`
+is a summary, not a tag, and neither is a comment on a line of its own or a docstring. A sequence's
+or a step's tag is a name, `@prompt`, trailing code in a file that ITEMS names; ITEMS shows its
+tagged statements, or a definition whole, by its name. The page shows the whole statement that
+holds a tagged line (of a compound statement, the header alone), verbatim, linked to its lines.
+Two tags of one name on statements of one block, at most 8 lines apart, show as one block with the
+statements between: so a tag on a short block's first and last statements covers the block.
 Each bullet of the README's list of differences starts with an anchor and a bold title,
 `- <a id="NAME"></a>**Title.**`; one that names `Eq. N` as a tag would is linked from Eq. N, and
 ITEMS link bullets by their anchors.
@@ -26,6 +27,7 @@ import tokenize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TAG = re.compile(r'\bEqs?\. (\d+(?:(?:, | and )\d+)*)\b(?!-)')
+NAMED = re.compile(r'(?<!\S)@([a-z][\w-]*)')  # a sequence's or a step's tag: `@prompt`
 BLOCK = 8  # the most lines from one tagged statement to the next that show as one block
 DIFFERENCES = "Where this differs from the authors' code, and why"  # the README's section
 BULLET = re.compile(r'^- (?:<a id="([\w-]+)"></a>)?\*\*(.+?)\*\*(.*?)(?=^\S|\Z)', re.M | re.S)
@@ -155,9 +157,8 @@ ABOUT = {
 # The paper's displayed sequences and its training given in words, each placed before an equation
 # (or after the last) of its subsection: the page's text (the paper's words in double quotes or in
 # a ```text block, as its LaTeX reads without its markup; what the code builds for the example
-# tree), the code shown (a file, a definition in it, and the start of one statement in that
-# definition, or None for the whole definition), the README's differences linked and, where the
-# flat BERT builds otherwise, what it builds.
+# tree), the code shown (a file and a definition in it, whole, or a tag, `@name`, in it), the
+# README's differences linked and, where the flat BERT builds otherwise, what it builds.
 TREE = ('the tree of CS (child Machine Learning) and Math (child Statistics), label ids in that '
         'order, with an uncased vocabulary as bert-base-uncased\'s')
 ITEMS = (
@@ -171,9 +172,7 @@ ITEMS = (
                '`make_batch` appends the text and the closing `[SEP]`; for ' + TREE + ':', '',
                '| text | what `make_batch` lays out |', '| --- | --- |',
                '| deep nets learn | `[CLS] [D1] [P] [D2] [P] [SEP] deep nets learn [SEP]` |', ''],
-         code=[('lhmix.py', 'template', None),
-               ('lhmix.py', 'LHMix.make_head', 'prefix = template('),
-               ('lhmix.py', 'make_batch', 'seqs = [np.concatenate([model.prefix, t,')],
+         code=[('lhmix.py', 'template'), ('lhmix.py', '@prompt')],
          differences=['kept-from-the-code'],
          bert="Under `--arch bert`, `FlatBERT.make_head` makes the prompt [CLS] alone, whose state "
               'is the one slot: the text and `[SEP]` follow it; the vocabulary gains no token.'),
@@ -192,9 +191,7 @@ ITEMS = (
                '| Statistics | `[CLS] [D1] math [D2] statistics [SEP]` |',
                '| Machine Learning, Statistics | '
                '`[CLS] [D1] cs math [D2] machine learning statistics [SEP]` |', ''],
-         code=[('lhmix.py', 'local_hierarchy_ids', None),
-               ('lhmix.py', 'local_hierarchy_table', 'keys = [tuple(model.hierarchy.closure('),
-               ('lhmix.py', 'local_hierarchy_table', 'seqs = [local_hierarchy_ids(')],
+         code=[('lhmix.py', 'local_hierarchy_ids'), ('lhmix.py', '@local-hierarchy')],
          differences=['label-order'],
          bert='Under `--arch bert`, which has no depth tokens, the depths\' names follow one '
               'another (ours: the paper does not say): `[CLS] cs machine learning [SEP]`.'),
@@ -204,26 +201,28 @@ ITEMS = (
                'Mixup, and then for the remaining epochs, we incorporate Mixup during the '
                'training process." `--warmup-epochs` (default 5) counts the first step\'s epochs; '
                'every later epoch mixes:', ''],
-         code=[('train.py', 'train_epoch', 'mixing = ')],
+         code=[('train.py', '@warm-up')],
          differences=['warm-up']),
     dict(section='5.2 Implement Details', before=None, title='Early stopping',
          text=['The paper: "We employ the early stopping strategy if there is no improvement of '
                'Macro-F1 after 5 epochs." It names no split; here, as in the authors\' code, it is '
                'dev. `--early-stop` (default 5) counts the epochs since the best dev macro-F1, and '
                'training stops before the next epoch when they reach it:', ''],
-         code=[('runs.py', 'since_best', None),
-               ('train.py', 'fit', 'if runs.since_best(run.history) >= args.early_stop')],
+         code=[('runs.py', 'since_best'), ('train.py', '@early-stop')],
          differences=['early-stopping']),
 )
 
 
 def tags(source):
-    """{line: [equation numbers]} of the tags in `source`."""
+    """{line: [equation numbers and tag names]} of the tags in `source`."""
     lines, out = source.splitlines(), {}
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        (row, col), found = tok.start, TAG.findall(tok.string)
-        if tok.type == tokenize.COMMENT and found and lines[row - 1][:col].strip():  # trails code
-            out[row] = [int(n) for eqs in found for n in re.findall(r'\d+', eqs)]
+        (row, col) = tok.start
+        if tok.type == tokenize.COMMENT and lines[row - 1][:col].strip():  # trails code
+            found = [int(n) for eqs in TAG.findall(tok.string) for n in re.findall(r'\d+', eqs)]
+            found += ['@' + name for name in NAMED.findall(tok.string)]
+            if found:
+                out[row] = found
     return out
 
 
@@ -239,16 +238,16 @@ def statements(node, names=()):
                 yield from statements(child, names + (child.name,) if is_def else names)
 
 
-def tagged_blocks(source):
-    """{equation: [(first line, last line, the names around them)]} of lhmix.py's tags."""
+def tagged_blocks(source, path='lhmix.py'):
+    """{equation or `@name`: [(first line, last line, the names around them)]} of the tags."""
     stmts, spans = list(statements(ast.parse(source))), {}
-    for line, eqs in tags(source).items():
+    for line, keys in tags(source).items():
         stmt, names, siblings = [s for s in stmts if s[0].lineno <= line <= s[0].end_lineno][-1]
         body = getattr(stmt, 'body', None)
         end = body[0].lineno - 1 if body and line < body[0].lineno else stmt.end_lineno
-        for n in eqs:
-            if n not in EQUATIONS:
-                raise ValueError(f'lhmix.py line {line}: the paper has no Eq. {n}')
+        for n in keys:
+            if isinstance(n, int) and n not in EQUATIONS:
+                raise ValueError(f'{path} line {line}: the paper has no Eq. {n}')
             spans.setdefault(n, set()).add((stmt.lineno, end, names, id(siblings),
                                             end == stmt.end_lineno))
     out = {}
@@ -264,24 +263,21 @@ def tagged_blocks(source):
     return out
 
 
-def locate(source, path, where, starts):
-    """(first line, last line, the names around them) of the definition `where` ('LHMix.score'),
-    whole, or, given `starts`, of the one statement in it whose first line starts so."""
-    lines, inside, found = source.splitlines(), tuple(where.split('.')), []
-    for stmt, names, _ in statements(ast.parse(source)):
-        is_def = isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-        if starts is None and is_def and names + (stmt.name,) == inside:
-            first = min([d.lineno for d in stmt.decorator_list] + [stmt.lineno])
-            found.append((first, stmt.end_lineno, names))
-        elif starts and names[:len(inside)] == inside and (
-                lines[stmt.lineno - 1].strip().startswith(starts)):
-            found.append((stmt.lineno, stmt.end_lineno, names))
-    if len(found) != 1:
-        what = (f'definitions named `{where}`' if starts is None else
-                f'statements in `{where}` start with {starts!r}')
-        raise ValueError(f'{path}: {len(found)} {what}, not one (ITEMS in tools/paper.py name '
+def locate(source, path, where):
+    """[(first line, last line, the names around them)] of the statements tagged `where`
+    ('@prompt'), or of the definition `where` ('LHMix.score'), whole."""
+    if where.startswith('@'):
+        found = tagged_blocks(source, path).get(where, [])
+    else:
+        found = [(min([d.lineno for d in stmt.decorator_list] + [stmt.lineno]), stmt.end_lineno,
+                  names) for stmt, names, _ in statements(ast.parse(source))
+                 if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                 and names + (stmt.name,) == tuple(where.split('.'))]
+    if not found or len(found) > 1 and not where.startswith('@'):
+        what = 'lines are tagged' if where.startswith('@') else 'definitions are named'
+        raise ValueError(f'{path}: {len(found)} {what} `{where}` (ITEMS in tools/paper.py name '
                          'it: change them to match)')
-    return found[0]
+    return found
 
 
 def differences(readme):
@@ -357,8 +353,9 @@ def page(files, readme, items=ITEMS):
             out += links(by_equation.get(n, []))
         else:
             out += [f'### {part["title"]}', '', *part['text']]
-            for path, where, starts in part['code']:
-                out += code(path, lines[path], *locate(files[path], path, where, starts))
+            for path, where in part['code']:
+                for first, last, names in locate(files[path], path, where):
+                    out += code(path, lines[path], first, last, names)
             for anchor in part['differences']:
                 if anchor not in titles:
                     raise ValueError(f'README.md: no difference <a id="{anchor}"></a> (ITEMS in '
@@ -371,7 +368,7 @@ def page(files, readme, items=ITEMS):
 def main():
     try:
         files = {}
-        for name in ('lhmix.py', *{path for item in ITEMS for path, _, _ in item['code']}):
+        for name in ('lhmix.py', *{path for item in ITEMS for path, _ in item['code']}):
             with open(os.path.join(ROOT, name), encoding='utf-8') as f:
                 files[name] = f.read()
         with open(os.path.join(ROOT, 'README.md'), encoding='utf-8') as f:
