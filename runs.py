@@ -14,11 +14,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save
 
-from lhmix import ARCHS, Hierarchy
+# torch, and lhmix with it, are imported where they are used: the tools read a run's files by the
+# names, rules and error exit here, without torch.
 
 
 # Files written whole: a kill at any instant leaves the old file or the new one
@@ -91,6 +90,7 @@ def _aliases(model):
 def save_checkpoint(folder, model, tokenizer, meta, extra=None):
     """Writes the tokenizer and config.json (once), then model.safetensors: the weights, the
     `extra` tensors as extra.<name>, and metadata 'lhmix' (what rebuilds the LHMix, and `meta`)."""
+    from safetensors.torch import save
     if not os.path.exists(os.path.join(folder, 'config.json')):
         # A temporary folder takes what transformers writes, since version 4 writes more files.
         with tempfile.TemporaryDirectory() as tmp:
@@ -122,7 +122,10 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
     """Return (model, tokenizer, the metadata with 'extra': the other tensors). With `hierarchy`,
     the labels must be the data's. No code from the folder runs (config.json's auto_map is
     ignored)."""
+    from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
+
+    from lhmix import ARCHS, Hierarchy
     if os.path.isfile(folder):
         raise ValueError(f"{folder}: a file, not a checkpoint folder (such as a run's best/)")
     if os.path.isdir(os.path.join(folder, 'best')):
@@ -179,6 +182,7 @@ def digest(hierarchy, splits):
 def provenance(device, digests):
     """Where a run comes from, for its record: the commit of this file's repository, if any, and
     whether its tracked files had changes; the versions; the GPU; the data's digests."""
+    import torch
     import transformers
 
     def git(*command):  # None where there is no git, or no repository
@@ -360,6 +364,7 @@ class RunFolder:
 def device(name):
     """Return the torch.device of cpu, cuda or cuda:N: an argparse type, so that a device that is
     not there is refused before anything is computed."""
+    import torch
     cuda = torch.cuda.is_available()
     if not re.fullmatch(r'cpu|cuda(:\d+)?' if cuda else 'cpu', name):
         raise argparse.ArgumentTypeError(
@@ -379,6 +384,7 @@ def parser(doc):
 
 def add_device(parser):
     """Adds --device to a script's flags."""
+    import torch
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu',
                         type=device, help='cpu, cuda or cuda:N (default: cuda if there is one)')
 
@@ -394,9 +400,11 @@ def exit_on_error(main, *args):
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit('interrupted')
-    except torch.OutOfMemoryError:
-        sys.exit('error: out of GPU memory; try a smaller --batch')
     except OSError as e:  # The OS's own words.
         sys.exit(f'error: {e.filename}: {e.strerror}' if e.filename else f'error: {e}')
     except (ValueError, FloatingPointError) as e:
         sys.exit('error: ' + ' '.join(str(e).split()))
+    except RuntimeError as e:  # torch's OutOfMemoryError, where torch is loaded (not the tools)
+        if isinstance(e, getattr(sys.modules.get('torch'), 'OutOfMemoryError', ())):
+            sys.exit('error: out of GPU memory; try a smaller --batch')
+        raise

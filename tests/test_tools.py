@@ -1167,29 +1167,17 @@ def test_claims_name_what_is_missing_and_refuse_what_is_not_one_study(ablation, 
 
 
 def test_the_tools_read_records_without_importing_torch():
-    """Each tool imported in a fresh process: no torch, no train, runs, lhmix or tools.similar."""
+    """Each tool imported in a fresh process: no torch, no train, lhmix or tools.similar; runs.py,
+    the run folder's names, rules and error exit, without torch."""
     code = ('import sys, tools.claims, tools.summary, tools.plot; print(sorted(m for m in ('
             "'torch', 'train', 'runs', 'lhmix', 'data', 'tools.similar') if m in sys.modules))")
     out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout
-    assert out == '[]\n'
+    assert out == "['runs']\n"
 
 
-def test_literals_read_from_source_not_imported(tmp_path):
-    (tmp_path / 'fake.py').write_text(
-        "import os\nDEFAULTS = {'alpha': 1.0, 'beta': 0.75, 'mix': 'lhmix'}\n"
-        "A, B = 'a.json', (3, 15)\nPATH = os.path.join('x', 'y')\nC: int = 1\n"
-        "def f():\n    HIDDEN = 2\n")
-    assert summary.literals(tmp_path / 'fake.py') == {
-        'DEFAULTS': {'alpha': 1.0, 'beta': 0.75, 'mix': 'lhmix'}, 'A': 'a.json', 'B': (3, 15)}
-    # the constants that the tools read from tools/similar.py, as importing it gives
-    assert (claims.K, claims.RELATIVES) == (similar.K, similar.RELATIVES)
-
-
-def test_the_tools_twins_of_the_references_constants_are_equal():
-    """The tools' own copies of the records' names and + LH-Mix's defaults (the reference
-    imports torch, the tools do not) are the reference's."""
-    assert (summary.METRICS, summary.TEST_METRICS) == (runs.METRICS, runs.TEST_METRICS)
+def test_the_tools_twin_of_lhmix_defaults_is_trains():
+    """+ LH-Mix's defaults in the tools (train.py imports torch, the tools do not) are train.py's."""
     assert claims.DEFAULTS == {k: train.DEFAULTS[k] for k in ('alpha', 'beta')}
 
 

@@ -80,13 +80,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tools.summary import (LEVEL, ROOT, epochs, exit_on_error, literals, markdown, row_name,
+from tools.summary import (LEVEL, RELATIVES, ROOT, K, epochs, exit_on_error, markdown, row_name,
                            settings, welch)
 
 # + LH-Mix's alpha and beta, train.py's DEFAULTS (it imports torch; tests/test_tools.py holds
-# them equal), and Fig. 6's measure's constants, read from tools/similar.py (it imports torch)
+# them equal)
 DEFAULTS = {'alpha': 1.0, 'beta': 0.75}
-K, RELATIVES = map(literals(os.path.join(ROOT, 'tools', 'similar.py')).get, ('K', 'RELATIVES'))
 VARIED = ('arch', 'mix', 'alpha', 'beta', 'train_fraction')  # what tells the claims' runs apart
 CONTROL = row_name({'arch': 'prompt', 'mix': 'lhmix', 'beta': 0.5})
 # The paper's Table 3 (Prompt + LH-Mix is also Table 2's LH-Mix): (micro-F1, macro-F1)

@@ -16,9 +16,8 @@ import torch
 import data
 import evaluate
 import runs
+from tools.summary import K, RELATIVES
 
-K = (3, 15)  # Fig. 6's two spheres: the 3 and the 15 labels most similar to "Hockey"
-RELATIVES = 'relatives.json'  # --all-labels' JSON in a run's folder, where tools/claims.py reads it
 START = '{\n "relatives_among_nearest": '  # how that JSON begins
 
 

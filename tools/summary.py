@@ -13,7 +13,6 @@ tool's predictions, as evaluate.py reports a checkpoint's.
     python -m tools.summary --predictions preds.jsonl --data demo
 """
 import argparse
-import ast
 import contextlib
 import json
 import os
@@ -22,31 +21,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from runs import METRICS, TEST_METRICS, exit_on_error, since_best
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 
 
-def literals(path):
-    """{name: value} of each module-level name that the Python file `path` binds to a literal
-    (`K = (3, 15)`, `A, B = 'a', 'b'`), read from its source: tools/claims.py reads
-    tools/similar.py's constants without importing it, and so without torch."""
-    with open(path, encoding='utf-8') as f:
-        body = ast.parse(f.read()).body
-    out = {}
-    for node in body:
-        if isinstance(node, ast.Assign):
-            try:
-                value = ast.literal_eval(node.value)
-            except ValueError:  # not a literal
-                continue
-            for target in node.targets:
-                names, values = ((target.elts, value) if isinstance(target, ast.Tuple)
-                                 else ([target], [value]))
-                out.update((n.id, v) for n, v in zip(names, values) if isinstance(n, ast.Name))
-    return out
-
-
-# A run's records, as runs.py names them (it imports torch; tests/test_tools.py holds them equal)
-METRICS, TEST_METRICS = 'metrics.jsonl', 'test_metrics.json'
+# Fig. 6's study: tools/similar.py writes it, tools/claims.py reads it
+K = (3, 15)  # Fig. 6's two spheres: the 3 and the 15 labels most similar to "Hockey"
+RELATIVES = 'relatives.json'  # --all-labels' JSON in a run's folder, where tools/claims.py reads it
 LEVEL = 0.05  # two-sided: every interval of the tools is a 95% one
 NOT_SETTINGS = ('seed', 'data_dir')  # a run's arguments that do not change what it measures
 # Table 3's rows, as the paper's text names them (its table writes "Bert" and "+Mixup")
@@ -249,15 +231,6 @@ def epochs(folder):
         return [json.loads(line) for line in f]
 
 
-def since_best(history):
-    """The epochs since a run's best dev macro-F1 (the first of equal ones), on which train.py
-    stops: the tools' own reading of metrics.jsonl, for what-ifs (test_metrics.json's best_epoch
-    is the run's own)."""
-    # runs.since_best's twin: runs.py imports torch, and the tools run without it.
-    f1 = [h['dev_macro_f1'] for h in history]
-    return len(f1) - 1 - f1.index(max(f1))
-
-
 def hangs_on_its_best(history, patience):
     """How far (dev macro-F1, points) a run's best epoch stands above its best later one, where
     the run stopped early and would have trained on without that epoch's dev score (put back to
@@ -328,22 +301,6 @@ def score_predictions(args):
     pred = read_predictions(args.predictions, lines, hierarchy, len(docs))
     evaluate.print_report(args.split, evaluate.report(
         pred, [ls for _, ls in docs], hierarchy, [ls for _, ls in splits['train']]))
-
-
-def exit_on_error(main, *args):
-    """Runs main(*args) as the tools end: a mistake in the input (ValueError) or the OS's refusal
-    (OSError) in one line, `error: ...`, exit 1; a closed pipe (`... | head -1`) quietly."""
-    # runs.exit_on_error's twin, less torch's errors: runs.py imports torch, the tools do not.
-    try:
-        main(*args)
-        sys.stdout.flush()  # here, so that a closed pipe is caught below
-    except BrokenPipeError:  # the reader has all it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
-    except OSError as e:  # the OS's own words
-        sys.exit(f'error: {e.filename}: {e.strerror}' if e.filename else f'error: {e}')
-    except ValueError as e:
-        sys.exit(f'error: {e}')
 
 
 def main(argv=None):
