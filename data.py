@@ -15,7 +15,6 @@ from xml.etree import ElementTree
 import numpy as np
 import torch
 
-import runs
 from lhmix import Hierarchy
 
 
@@ -130,9 +129,15 @@ def _download_wos(path):
                 blob, kind = r.read(), r.headers.get_content_type()
             if _data_xlsx(blob) is None:
                 raise ValueError(f'not a zip holding Meta-data/Data.xlsx ({kind})')
-            # Written whole: a kill leaves no part of a zip under its name, and a failed write (a
-            # full disk) leaves no part beside it.
-            return runs.write_whole(path, blob)
+            # Renamed into place once whole: a kill leaves no part of a zip under its name, and a
+            # failed write (a full disk) leaves no part beside it.
+            part = Path(path + '.part')
+            part.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                part.write_bytes(blob)
+                return os.replace(part, path)
+            finally:
+                part.unlink(missing_ok=True)
         except (OSError, ValueError, http.client.HTTPException) as e:
             failed.append(f'{url}: {e}')
     folder = os.path.dirname(path)
@@ -329,7 +334,7 @@ def resolve_ids(value_dict, parents, doc_labels, ids_file, taxonomy):
 
 # The demo, and load_data
 
-DEMO = '''science/physics/quantum science/physics/optics science/biology/genetics
+DEMO_LEAVES = '''science/physics/quantum science/physics/optics science/biology/genetics
 science/biology/ecology science/chemistry sports/football sports/tennis sports/cycling
 arts/music/jazz arts/music/opera arts/painting arts/cinema business/finance/banking
 business/finance/markets business/retail'''  # The path of each leaf.
@@ -338,7 +343,7 @@ business/finance/markets business/retail'''  # The path of each leaf.
 def load_demo(seed=0, sizes=(1200, 300, 300)):
     """Return the demo's tree and splits: documents of words from their topics' lists and a
     shared background; one in five has two paths."""
-    leaves = [path.split('/') for path in DEMO.split()]
+    leaves = [path.split('/') for path in DEMO_LEAVES.split()]
     parents = {label: parent for path in leaves for parent, label in zip([None] + path, path)}
     h = Hierarchy(parents)
     words = {v: [v] + [f'{v}{c}' for c in 'abcdefg'] for v in parents}
@@ -437,7 +442,8 @@ def load_pretrained(name):
     except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:
         hint = ('' if os.path.isdir(name) else
                 ' (not a local folder; offline, pass a local folder or --model tiny)')
-        raise ValueError(f'could not load model {name!r}{hint}: {runs.one_line(e)}') from None
+        why = ' '.join(f'{type(e).__name__}: {e}'.split())  # One line, as runs.one_line's
+        raise ValueError(f'could not load model {name!r}{hint}: {why}') from None
     finally:
         logging.set_verbosity(verbosity)
         if bars:

@@ -1,6 +1,7 @@
-"""Tests of data.py: reading files, HPT's WOS pipeline and its download, HiAGM/HPT-format folders,
-checkpoints. Every expected value is computed here, by hand or from the rule as HPT's scripts state
-it. Nothing reaches the network: files are written to tmp_path, the download is served locally."""
+"""Tests of data.py: reading files, HPT's WOS pipeline and its download, taxonomies, HiAGM/HPT-
+format folders, checkpoints. Every expected value is computed here, by hand or from the rule as
+HPT's scripts state it. Nothing reaches the network: files are written to tmp_path, the download
+is served locally."""
 import io
 import json
 import os
@@ -18,6 +19,7 @@ import pytest
 import torch
 
 import data
+import lhmix
 import runs
 from helpers import TEXTS, error, tiny, write_hiagm, write_lines
 
@@ -307,15 +309,15 @@ def test_wos_download(tmp_path, site, monkeypatch, urls, failures):
 
 
 def test_wos_download_that_fails_to_write_leaves_no_part(tmp_path, site, monkeypatch):
-    def full_disk(fd):  # the zip written, then the disk is full as it is flushed
+    def full_disk(*_):  # the zip written, then the disk is full as it is renamed into place
         raise OSError(28, 'No space left on device')
     monkeypatch.setattr(data, 'WOS_URLS', (site + '/zip',))
-    monkeypatch.setattr(os, 'fsync', full_disk)
+    monkeypatch.setattr(os, 'replace', full_disk)
     folder = tmp_path / 'wos'
     assert error(lambda: data.load_wos(str(folder))) == (
         f'WOS is not in {folder} and could not be downloaded ({site}/zip: [Errno 28] No space '
-        f"left on device: '{folder}/WebOfScience.zip'); put WebOfScience.zip or its "
-        'Data.txt or Data.xlsx there (or --data-dir)')
+        'left on device); put WebOfScience.zip or its Data.txt or Data.xlsx there (or '
+        '--data-dir)')
     assert os.listdir(folder) == []
 
 
@@ -406,6 +408,30 @@ def test_rcv1_labels_named_by_their_descriptions(tmp_path, capsys):
                        'accounts/earnings'] and capsys.readouterr().err == ''
     write_lines(folder / 'label_names.tsv', ['C15\tresults'])  # the user's names win
     assert data.load_data('rcv1', str(folder))[0].names[2] == 'results'
+
+
+def test_a_taxonomy_file_read_into_the_label_tree(tmp_path):
+    path = write_lines(tmp_path / 'toy.taxonomy', ['Root\tCS\tMedical', 'CS\tML\tDB', '',
+                                                   'Medical\tCancer', 'ML\tDeep_Learning'])
+    parents, lines = data.read_taxonomy(path)
+    h = lhmix.Hierarchy(parents, {'ML': 'machine learning'}, lines)
+    assert h.labels == ['CS', 'Medical', 'ML', 'DB', 'Cancer', 'Deep_Learning']
+    assert h.depth == [1, 1, 2, 2, 2, 3] and h.path(5) == [0, 2, 5]
+    assert h.names == ['CS', 'Medical', 'machine learning', 'DB', 'Cancer', 'Deep Learning']
+    assert lines == {'CS': f'{path}:1', 'Medical': f'{path}:1', 'ML': f'{path}:2',
+                     'DB': f'{path}:2', 'Cancer': f'{path}:4', 'Deep_Learning': f'{path}:5'}
+
+
+@pytest.mark.parametrize('lines, line_no, label, what', [
+    (['Root\tA\tB', 'A\tx', 'B\tx'], 3, 'x', 'two parents'),
+    (['Root\tA', 'B\tC', 'C\tB'], 2, 'C', 'cycle'),
+    (['Root\tA', 'Z\tq'], 2, 'Z', 'refers to nothing')])
+def test_bad_taxonomy_names_label_and_line(tmp_path, lines, line_no, label, what):
+    path = write_lines(tmp_path / 'bad.taxonomy', lines)
+    with pytest.raises(ValueError, match=re.escape(f'{path}:{line_no}:')) as e:
+        parents, lines = data.read_taxonomy(path)
+        lhmix.Hierarchy(parents, None, lines)
+    assert repr(label) in str(e.value) and what in str(e.value)
 
 
 @pytest.mark.parametrize('lines, message', [

@@ -1,7 +1,8 @@
-"""Tests of runs.py's checkpoints: a round trip, no pickle and no code run, one line for each damage
-(naming the file), a kill during a save; of the run folder, what an --overwrite's replacement of an
-earlier run keeps and what a failed run leaves (its refusals are tested through train.py in
-test_train.py). Expected values are the saved model's own outputs or worked by hand."""
+"""Tests of runs.py's checkpoints: each model rebuilt as its own class, a round trip, no pickle and
+no code run, one line for each damage (naming the file), a kill during a save; of the run folder,
+what an --overwrite's replacement of an earlier run keeps and what a failed run leaves (its
+refusals are tested through train.py in test_train.py). Expected values are the saved model's own
+outputs or worked by hand."""
 import hashlib
 import json
 import os
@@ -17,6 +18,25 @@ import data
 import lhmix
 import runs
 from helpers import PARENTS, TEXTS, error, tiny, tree_state
+
+
+@pytest.mark.parametrize('arch, cls', [('prompt', lhmix.LHMix), ('bert', lhmix.FlatBERT)])
+def test_a_checkpoint_rebuilds_its_own_model_class(tmp_path, arch, cls):
+    """A checkpoint saves its model's arch; loading rebuilds that class, which scores as the
+    saved model did. An arch that names no model is refused in one line."""
+    model, tok = tiny(arch)
+    folder = tmp_path / 'best'
+    runs.save_checkpoint(str(folder), model, tok, {'epoch': 1})
+    loaded, _, meta = runs.load_checkpoint(str(folder))
+    assert meta['arch'] == arch and type(model) is type(loaded) is cls
+    tokens, _ = lhmix.tokenize(tok, TEXTS, 50)
+    np.testing.assert_array_equal(lhmix.score_documents(loaded, tokens),
+                                  lhmix.score_documents(model, tokens))
+    path = folder / runs.WEIGHTS
+    saved = json.loads(safe_open(path, 'pt').metadata()['lhmix'])
+    save_file(load_file(path), path, {'lhmix': json.dumps({**saved, 'arch': 'gpt'})})
+    assert error(lambda: runs.load_checkpoint(str(folder))) == (
+        f"{folder}: config.json, tokenizer or metadata unreadable (KeyError: 'gpt')")
 
 
 @pytest.fixture(scope='module')

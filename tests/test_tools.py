@@ -1177,7 +1177,7 @@ def test_the_tools_read_records_without_importing_torch():
 
 
 def test_the_tools_twin_of_lhmix_defaults_is_trains():
-    """+ LH-Mix's defaults in the tools (train.py imports torch, the tools do not) are train.py's."""
+    """+ LH-Mix's defaults in the tools (train.py imports torch, the tools do not): train.py's."""
     assert claims.DEFAULTS == {k: train.DEFAULTS[k] for k in ('alpha', 'beta')}
 
 

@@ -1094,7 +1094,8 @@ def test_readme_examples_run_as_written(demo_run, tmp_path, monkeypatch, capsys)
     for block in blocks:
         exec(block, {})
     paths = capsys.readouterr().out.strip()
-    # a path per predicted label with no predicted descendant, names from the root (data.DEMO)
+    # a path per predicted label with no predicted descendant, names from the root
+    # (data.DEMO_LEAVES)
     assert eval(paths) == [['science', 'physics', 'optics'], ['arts']]
     assert len(blocks) == 1
 
