@@ -393,9 +393,7 @@ def make_batch(model, token_ids, labels, rng=None, mlm_rate=0.0, partner=None,
     LH-Mix's by `hierarchy_ids`, else vanilla Mixup's, its ratios drawn by `rng` (mix_alpha)."""
     if len(labels) != len(token_ids):
         raise ValueError(f'{len(token_ids)} texts, {len(labels)} label lists: give one per text')
-    if partner is not None and (hierarchy_ids is None) == (mix_alpha is None):
-        raise ValueError('a Mixup batch (partner) takes hierarchy_ids (LH-Mix) or mix_alpha')
-    if (mlm_rate > 0 or mix_alpha is not None) and rng is None:
+    if (mlm_rate > 0 or mix_alpha) and rng is None:
         raise ValueError('mlm_rate > 0 and mix_alpha draw: give rng=numpy.random.default_rng(seed)')
     seqs = [np.concatenate([model.prefix, t, [model.special['sep']]])  # @prompt
             for t in token_ids]
@@ -409,11 +407,11 @@ def make_batch(model, token_ids, labels, rng=None, mlm_rate=0.0, partner=None,
             batch['input_ids'], texts, token_ids, rng, mlm_rate, model.special['mask'])
         if len(pos):  # A batch with nothing masked has no MLM term.
             batch['mlm_pos'], batch['mlm_labels'] = pos, gold
-    if partner is not None:
+    if partner is not None:  # A Mixup batch; training_loss refuses it without one of these two
         batch['partner'] = torch.as_tensor(partner)
         if hierarchy_ids is not None:
             batch['hierarchy_ids'] = torch.as_tensor(hierarchy_ids)
-        else:  # Drawn after the masks, so that a seed draws both as it always has.
+        if mix_alpha:  # Drawn after the masks, as they always were
             batch['lam'] = vanilla_mixup_ratio(rng, mix_alpha, len(token_ids))
     return batch
 

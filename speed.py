@@ -76,17 +76,17 @@ def train_batches(lengths, batch_size, rng, mixing):
 def epoch_batches(model, tokens, labels, batch_size, rng, device, mlm_rate=0.0, mixing=False,
                   graphed=False, hierarchy_ids=None, mix_alpha=None):
     """Yield an epoch's batches (train_batches'), each whole and on `device`: lhmix.make_batch's,
-    while mixing with their partners and LH-Mix's `hierarchy_ids` (each document's), else
-    vanilla Mixup's ratios (`mix_alpha`). For CUDA graphs, Mixup's random batches are packed into
-    one row (eager steps pad them: nested tensors cost an eager step more), and each batch's
-    masked positions padded (pad_for_graphs)."""
+    while mixing with their partners and LH-Mix's `hierarchy_ids` (all documents'), else vanilla
+    Mixup's ratios (`mix_alpha`). For CUDA graphs, Mixup's random batches are packed into one row
+    (eager steps pad them: nested tensors cost an eager step more), and each batch's masked
+    positions padded (pad_for_graphs)."""
     for idx, partner in train_batches([len(t) for t in tokens], batch_size, rng, mixing):
         batch = lhmix.make_batch(
             model, [tokens[i] for i in idx], [labels[i] for i in idx], rng, mlm_rate, partner,
             None if hierarchy_ids is None else hierarchy_ids[idx], mix_alpha)
         if graphed:
-            packed = pack_row(batch, model.special['pad']) if mixing else batch
-            batch = pad_for_graphs(packed, mlm_rate)
+            batch = pad_for_graphs(pack_row(batch, model.special['pad']) if mixing else batch,
+                                   mlm_rate)
         yield to_device(batch, device)
 
 
@@ -95,20 +95,16 @@ def pack_row(batch, pad_id):
     position_ids, token_type_ids (the encoder's default ones stop at its positions),
     cu_seq_lens_q (each document's start, then the padding's start, a document of its own, then
     the row's end), `starts` (each document's first position) and its masked positions there."""
-    mask, batch = batch['attention_mask'].bool(), dict(batch)
-    del batch['attention_mask']
-    lengths = mask.sum(1)
-    ends = lengths.cumsum(0)
-    T = (int(ends[-1]) // PACKED + 1) * PACKED  # At least one padding token ends the row.
-    ids = torch.full((1, T), pad_id, dtype=torch.int64)
-    ids[0, :ends[-1]] = batch['input_ids'][mask]
-    pos = torch.zeros((1, T), dtype=torch.int64)
-    pos[0, :ends[-1]] = torch.cat([torch.arange(n) for n in lengths.tolist()])
-    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), ends, torch.tensor([T])])
-    if 'mlm_pos' in batch:  # Each masked position of the padded batch, in the row
-        batch['mlm_pos'] = (mask.flatten().cumsum(0) - 1)[batch['mlm_pos']]
-    return {**batch, **dict(input_ids=ids, position_ids=pos, token_type_ids=torch.zeros_like(ids),
-                            cu_seq_lens_q=offsets, starts=offsets[:-2])}
+    mask = batch['attention_mask'].bool()
+    n, ends = int(mask.sum()), F.pad(mask.sum(1).cumsum(0), (1, 0))
+    T = (n // PACKED + 1) * PACKED  # At least one padding token ends the row.
+    row = {k: v for k, v in batch.items() if k != 'attention_mask'}
+    if 'mlm_pos' in batch:  # A position of the padded batch, in the row
+        row['mlm_pos'] = (mask.flatten().cumsum(0) - 1)[batch['mlm_pos']]
+    ids = F.pad(batch['input_ids'][mask], (0, T - n), value=pad_id)[None]
+    return {**row, **dict(input_ids=ids, position_ids=F.pad(mask.cumsum(1)[mask] - 1, (0, T - n))[
+        None], token_type_ids=torch.zeros_like(ids), cu_seq_lens_q=F.pad(ends, (0, 1), value=T),
+        starts=ends[:-1])}
 
 
 def pad_for_graphs(batch, rate):
