@@ -891,6 +891,27 @@ def test_the_verdict_paired_at_100_percent_beside_each_that_it_changes(tmp_path,
         'paired by seed', pytest.approx(list(gaps.mean(0))), pytest.approx(list(want.pvalue)))
 
 
+def test_fig_6s_and_fig_7s_comparisons_pair_by_seed_at_100_percent_as_the_others(ablation):
+    """Paired at 100% too (r.paired): Fig. 7's slopes and its F1 per depth and quartile, and
+    Fig. 6's + LH-Mix − Prompt, each the mean of the per-seed differences (ABLATION's Prompt,
+    + Mixup and + LH-Mix share seeds 0-2) and its p, by scipy's one-sample t."""
+    from scipy import stats
+    r = claims.Runs(summary.settings([str(f) for f in sorted(ablation.iterdir())]), 1.0, 0.75)
+    r.paired = True
+    got = [*claims.fig7('depth')(r), *claims.fig7('quartile')(r), *claims.fig7_lhmix(r),
+           *claims.fig6_prompt(r)]
+    want = [slopes(name) - slopes('prompt') for slopes in (depth_slopes, quartile_slopes)
+            for name in ('mixup', 'lhmix')]
+    want += [level('lhmix', 'depth', i) - level('mixup', 'depth', i) for i in range(2)]
+    want += [level('lhmix', 'quartiles', q) - level('mixup', 'quartiles', q) for q in range(4)]
+    want += [shares('lhmix', 'trained') - shares('prompt', 'trained')]
+    assert len(got) == len(want) == 11
+    for test, d in zip(got, want):
+        assert (test.how, list(test.value), list(test.p)) == (
+            'paired by seed', pytest.approx(list(d.mean(0))),
+            pytest.approx(list(stats.ttest_1samp(d, 0).pvalue), nan_ok=True)), test.what
+
+
 def test_the_micro_f1_verdicts_at_the_best_dev_micro_f1_epoch(tmp_path, capsys):
     """--checkpoints: Prompt and BERT at seeds 0-2, two epochs each (dev macro-, micro-F1); the
     first the best in dev macro-F1 (the checkpoint), the second in dev micro-F1, where Prompt's

@@ -37,7 +37,7 @@ interval, from a t-test that the line names:
 - slope: Fig. 5, the least-squares slope of the runs' test macro-F1 over log10 alpha or over
   beta, its SE and t with n - 2 df (scipy.stats.linregress); Fig. 7, each run's least-squares
   slope over the depths, or over the label-frequency quartiles toward the rarer, compared between
-  settings by Welch's test.
+  settings as any two settings are (Welch's at 100%).
 
 Verdicts. Holm's step-down correction runs over the tests of a table in each column, a (micro-F1;
 Fig. 6: 3 nearest) and b (macro-F1; Fig. 5; Fig. 6: 15 nearest): the paper's claims are one
@@ -48,8 +48,9 @@ where the adjusted p < 0.05 and it has the other sign, else 'inconclusive', writ
 interval clears 0 exactly where the unadjusted p < 0.05, and Holm's p is never below it). A
 verdict that falls in one Holm family of the table's tests of both columns is marked
 '(marginal)'. A line's verdict is its measures' where they agree, 'partly' where they differ.
-The rule at 100% (Welch's) came after the runs: each verdict that pairing by seed at 100% (and
-the gap's change by seed) would give instead is shown beside it where it differs; 'Same-seed
+The rule at 100% (Welch's) came after the runs: each verdict that pairing by seed at 100% (every
+comparison of two settings, Fig. 6's and Fig. 7's included, and the gap's change by seed) would
+give instead is shown beside it where it differs; 'Same-seed
 r' is what pairing could use at each share. 'Cannot be tested here': the claim needs models or
 data that are not here, or a setting lacks two runs; the line says which, and what it measured
 all the same (outside Holm's families). Exploratory comparisons, chosen after seeing Fig. 5's
@@ -270,17 +271,18 @@ class Runs:
                              f'one run of {name}{where}: a test needs two or more')
         return found
 
-    def compare(self, a, b, fraction=1.0, what=None):
-        """Test: row a − row b at a share of the training data: paired by seed below 100%,
-        where the seed draws the subset that both train on; Welch's at 100%, where it does not
-        (unless self.paired)."""
+    def compare(self, a, b, fraction=1.0, what=None, of=f1, measures=F1):
+        """Test: row a − row b at a share of the training data, in the `measures` that `of`
+        gives a row's runs ((runs, 2), in points): paired by seed below 100%, where the seed
+        draws the subset that both train on; Welch's at 100%, where it does not (unless
+        self.paired)."""
         what = what or f'{a} − {b}'
         if fraction == 1 and not self.paired:
-            return welch_test(what, f1(self.of(a)), f1(self.of(b)))
-        return paired_test(what, self.by_seed(a, b, fraction)[1])
+            return welch_test(what, of(self.of(a)), of(self.of(b)), measures)
+        return paired_test(what, self.by_seed(a, b, fraction, of)[1], measures=measures)
 
-    def by_seed(self, a, b, fraction=1.0):
-        """(the seeds, (seeds, 2) the F1 of row a's run − row b's at each), at a share."""
+    def by_seed(self, a, b, fraction=1.0, of=f1):
+        """(the seeds, (seeds, 2) row a's run's measures − row b's at each), at a share."""
         found = [sorted(self.of(name, fraction), key=lambda t: t['args']['seed'])
                  for name in (a, b)]
         seeds = [[t['args']['seed'] for t in f] for f in found]
@@ -288,7 +290,7 @@ class Runs:
             raise Untestable('a test paired by seed needs the same seeds, once each: ' + '; '.join(
                 f'{name} at {100 * fraction:g}% has seeds ' + ', '.join(map(str, s))
                 for name, s in zip((a, b), seeds)))
-        return seeds[0], f1(found[0]) - f1(found[1])
+        return seeds[0], of(found[0]) - of(found[1])
 
 
 def paper(*pairs):
@@ -359,9 +361,11 @@ def fig5_beta(r):
     return [slope_test('slope of macro-F1 over β', grid(r, 'beta', 'alpha'), -1)]
 
 
-def relatives(runs_, name):
-    """Each run's relatives.json (tools/similar.py --all-labels): (runs, len(K)), the share of
-    relatives among each k nearest labels, in points, at 'init' and 'trained'."""
+def relatives(runs_):
+    """Each run's relatives.json (tools/similar.py --all-labels), the runs of one row: (runs,
+    len(K)), the share of relatives among each k nearest labels, in points, at 'init' and
+    'trained'."""
+    name = row_name(runs_[0]['args'])
     lacking = [t['folder'] for t in runs_ if not os.path.exists(os.path.join(t['folder'],
                                                                             RELATIVES))]
     if lacking:
@@ -383,15 +387,15 @@ NEAREST = 'relatives among the ' + ' / '.join(map(str, K)) + ' nearest labels'
 
 
 def fig6(r):
-    lhmix = relatives(r.of('Prompt + LH-Mix'), 'Prompt + LH-Mix')
+    lhmix = relatives(r.of('Prompt + LH-Mix'))
     return [paired_test(f'+ LH-Mix trained − at initialisation, {NEAREST}',
                         lhmix['trained'] - lhmix['init'], 'paired by run', RELATED)]
 
 
 def fig6_prompt(r):
-    lhmix, prompt = (relatives(r.of(name), name)['trained'] for name in ('Prompt + LH-Mix',
-                                                                         'Prompt'))
-    return [welch_test(f'+ LH-Mix − Prompt, both trained, {NEAREST}', lhmix, prompt, RELATED)]
+    return [r.compare('Prompt + LH-Mix', 'Prompt', what=f'+ LH-Mix − Prompt, both trained, '
+                      f'{NEAREST}', of=lambda runs_: relatives(runs_)['trained'],
+                      measures=RELATED)]
 
 
 def per_level(t, part):
@@ -405,27 +409,26 @@ def per_level(t, part):
 
 def fig7(part):
     def tests(r):
-        mixup, lhmix, prompt = (r.of(name) for name in ('Prompt + Mixup', 'Prompt + LH-Mix',
-                                                        'Prompt'))
-        if len(per_level(prompt[0], part)[0]) < 2:
+        if len(per_level(r.of('Prompt')[0], part)[0]) < 2:
             raise Untestable(f'the data has one {part}')
-        slopes = [np.array([np.polyfit(*per_level(t, part), 1)[0] for t in runs_])
-                  for runs_ in (mixup, lhmix, prompt)]  # (runs, 2) each
+
+        def slopes(runs_):  # (runs, 2)
+            return np.array([np.polyfit(*per_level(t, part), 1)[0] for t in runs_])
         per = 'depth' if part == 'depth' else 'quartile toward the rarer'
-        return [welch_test(f'{name} − Prompt, slope per {per}', slopes[i], slopes[2])
-                for i, name in enumerate(('+ Mixup', '+ LH-Mix'))]
+        return [r.compare(f'Prompt {name}', 'Prompt', what=f'{name} − Prompt, slope per {per}',
+                          of=slopes) for name in ('+ Mixup', '+ LH-Mix')]
     return tests
 
 
 def fig7_lhmix(r):
-    lhmix, mixup = r.of('Prompt + LH-Mix'), r.of('Prompt + Mixup')
     out = []
     for part in ('depth', 'quartile'):
-        xs = per_level(lhmix[0], part)[0].tolist()
-        f = [np.array([per_level(t, part)[1] for t in runs_]) for runs_ in (lhmix, mixup)]
-        out += [welch_test(f'+ LH-Mix − + Mixup at depth {x}' if part == 'depth' else
-                           f'+ LH-Mix − + Mixup in quartile {-x}' + ' (the rarest)' * (x == -1),
-                           *(g[:, i] for g in f)) for i, x in enumerate(xs)]
+        xs = per_level(r.of('Prompt + LH-Mix')[0], part)[0].tolist()
+        out += [r.compare('Prompt + LH-Mix', 'Prompt + Mixup', what=(
+            f'+ LH-Mix − + Mixup at depth {x}' if part == 'depth' else
+            f'+ LH-Mix − + Mixup in quartile {-x}' + ' (the rarest)' * (x == -1)),
+            of=lambda runs_, i=i: np.array([per_level(t, part)[1][i] for t in runs_]))
+            for i, x in enumerate(xs)]
     return out
 
 
@@ -552,14 +555,14 @@ def glance(rows, measured, paired):
     print(head('verdict', 'claim', 'comparison', 'a: micro-F1 [95% interval]',
                'b: macro-F1 [95% interval]'))
     last = None
-    for ((short, *_), test, why), (_, other, other_why) in zip(lines(rows, measured),
-                                                               lines(rows, paired)):
-        words = [] if why else [w + f'; paired at 100%: {o}' * (o != w) for w, o in zip(
-            test.verdicts(), other.verdicts() if other and not other_why else test.verdicts())]
-        print(markdown([why.split(':')[0] if why else overall(test.verdicts()),
-                        short * (short != last), test.what if test else '',
-                        *(test.columns(words) if test else ['', ''])]))
-        last = short
+    for (short, *_), (tests, why), (others, other_why) in zip(rows, measured, paired):
+        for test, other in zip(tests or [None], (tests if other_why else others) or [None]):
+            words = [] if why else [w + f'; paired at 100%: {o}' * (o != w) for w, o in zip(
+                test.verdicts(), other.verdicts())]
+            print(markdown([why.split(':')[0] if why else overall(test.verdicts()),
+                            short * (short != last), test.what if test else '',
+                            *(test.columns(words) if test else ['', ''])]))
+            last = short
 
 
 def details(rows, measured):
