@@ -676,13 +676,24 @@ def font_px(path, width=830):
     return min(sizes) * width / float(root.get('width').removesuffix('pt'))
 
 
+def markers(path):
+    """({(shape, style)} of the claims' markers drawn in the panels, and of the legend's)."""
+    groups = {g.get('id'): g for g in ET.parse(path).getroot().iter(SVG + 'g')}
+
+    def uses(gs):
+        return {(u.get(XLINK), u.get('style')) for g in gs for u in g.iter(SVG + 'use')}
+    return (uses(g for k, g in groups.items() if re.fullmatch(r'claims-[01]-\d+', k or '')),
+            uses([groups['legend_1']]))
+
+
 @PLOTTING
 def test_the_claims_figures_keep_our_tests_apart_and_the_headline_readable(tmp_path):
     """Beside CLAIMED, Prompt + LH-Mix and the control (our test): the full figure has the
     paper's 13 lines that these runs test (Table 3's three, Fig. 7's ten), then below a line and
     its heading our one; the headline figure the three of Table 3 and ours, apart the same way,
     its smallest text 9 px or more at 830 px wide, as is the README's copy, of at most 14 lines;
-    slopes named in the x axis' label where a line is one."""
+    slopes named in the x axis' label where a line is one. RESULTS' full figure too: 9 px or more,
+    and in both the legend has each marker that the panels draw."""
     args = {'none': {'mix': 'none'}, 'bert': {'arch': 'bert', 'mix': 'none'},
             'mixup': {'mix': 'mixup'}, 'bert-mixup': {'arch': 'bert', 'mix': 'mixup'},
             'lhmix': {'mix': 'lhmix'}, 'half': {'mix': 'lhmix', 'beta': 0.5}}
@@ -706,8 +717,11 @@ def test_the_claims_figures_keep_our_tests_apart_and_the_headline_readable(tmp_p
             name == 'claims')] * 2  # Fig. 7's slopes in the full figure only
     assert font_px(tmp_path / 'claims_headline.svg') >= 9
     shown = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'results',
-                         'figures', 'claims_headline.svg')
-    assert font_px(shown) >= 9 and len(rows_and_split(shown)[0]) <= 14
+                         'figures')
+    assert len(rows_and_split(os.path.join(shown, 'claims_headline.svg'))[0]) <= 14
+    for name in ('claims', 'claims_headline'):
+        drawn, legend = markers(os.path.join(shown, f'{name}.svg'))
+        assert font_px(os.path.join(shown, f'{name}.svg')) >= 9 and drawn and drawn <= legend
 
 
 @PLOTTING
@@ -730,5 +744,10 @@ def test_a_marginal_verdict_is_drawn_hollow(tmp_path):
              if g.get('id') == 'claims-0-0')
     style = next(g.iter(SVG + 'use')).get('style')
     assert 'fill: #ffffff' in style and f'stroke: {to_hex(plot.VERDICTS["supported"][1])}' in style
+    drawn, legend = markers(tmp_path / 'claims.svg')
+    assert len(drawn) == 2 and drawn <= legend  # the hollow one and macro-F1's, in the legend
+    legend_texts = [''.join(t.itertext()) for g in ET.parse(tmp_path / 'claims.svg').getroot()
+                    .iter(SVG + 'g') if g.get('id') == 'legend_1' for t in g.iter(SVG + 'text')]
+    assert legend_texts == ['supported (marginal)', 'inconclusive', "the claim's side of 0"]
     assert marker_colour(tmp_path / 'claims.svg', 'claims-1-0') == to_hex(
         plot.VERDICTS['inconclusive'][1])

@@ -133,7 +133,8 @@ def claims_cells():
 
 def test_the_readmes_first_screen_says_what_the_claims_tables_say():
     """At most 6 bullets of at most 40 words, no other sentence over 45 words, the headline
-    claims figure, the records' count of runs and of seeds a setting (10 but Fig. 5's grid). Each
+    claims figure, the records' count of runs as that figure's title counts them (the rerun
+    apart, said so) and of seeds a setting (10 but Fig. 5's grid). Each
     number of a bullet stands in a cell of RESULTS.md's claims tables with the verdict word last
     named before it in the bullet (Supported, contradicted: ...), and is followed by ', marginal'
     exactly where that cell's verdict is marked marginal: a claim moved to another verdict or
@@ -152,10 +153,14 @@ def test_the_readmes_first_screen_says_what_the_claims_tables_say():
         setting = json.dumps({k: v for k, v in args.items() if k != 'seed'}, sort_keys=True)
         counts = seeds.setdefault(path.split(os.sep)[-3], {})
         counts[setting] = counts.get(setting, 0) + 1
+    rerun = sum(seeds.pop('rerun').values())
     runs, grid = sum(sum(c.values()) for c in seeds.values()), seeds.pop('fig5').values()
-    assert {n for c in seeds.values() for n in c.values()} == {10}  # Table 3, Fig. 4, the rerun
-    assert (f' {runs} runs, 10 seeds a setting (Fig. 5\'s grid: {min(grid)} to {max(grid)})'
-            in ' '.join(prose.split()))
+    assert {n for c in seeds.values() for n in c.values()} == {10}  # Table 3, Fig. 4
+    assert (f' {runs} runs, 10 seeds a setting (Fig. 5\'s grid: {min(grid)} to {max(grid)} '
+            f'seeds), and a rerun of {rerun} apart;' in ' '.join(prose.split()))
+    with open(os.path.join(ROOT, 'results', 'figures', 'claims_headline.svg'),
+              encoding='utf-8') as f:
+        assert f'Headline claims against {runs} runs of ' in f.read()
     for bullet in bullets:
         for number in re.finditer(r'(?<![\w.])[-+]\d+\.\d\d\b', bullet):
             verdict = re.findall(r'(supported|contradicted|inconclusive)',

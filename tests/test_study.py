@@ -1,13 +1,16 @@
 """The study's rerun from a fresh clone: RESULTS.md's set-up block, run as written in a copy of
-the repository's files, gives the data that the records name, and the encoder as fp16; its
-dispatch block refuses once, and runs nothing, on a machine without a GPU. Nothing outside the
-clone is read: the package's part runs on a stand-in package of the same layout."""
+the repository's files, gives the data that the records name, and the encoder as fp16; its runs'
+lists write to a new folder, never to the records; its dispatch block refuses once, and runs
+nothing, on a machine without a GPU. Nothing outside the clone is read: the package's part runs
+on a stand-in package of the same layout. The blocks run with this Python first on the PATH, as
+in the shell of its environment, activated or not."""
 import glob
 import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +21,7 @@ import runs
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository
 RECORDS = sorted(glob.glob(str(ROOT / 'results' / 'records' / '*' / '*' / 'test_metrics.json')))
+PATH = os.path.dirname(sys.executable) + os.pathsep + os.environ['PATH']  # this Python's first
 
 
 def blocks():
@@ -27,8 +31,9 @@ def blocks():
 
 
 def shell(block, cwd, env=None):
-    return subprocess.run(['bash', '-c', block], cwd=cwd, env={**os.environ, **(env or {})},
-                          text=True, capture_output=True, timeout=120)
+    return subprocess.run(['bash', '-c', block], cwd=cwd,
+                          env={**os.environ, 'PATH': PATH, **(env or {})}, text=True,
+                          capture_output=True, timeout=120)
 
 
 def test_the_setup_makes_the_data_that_the_records_name(tmp_path):
@@ -101,8 +106,27 @@ def stubs(tmp_path, gpus):
                                 f'>> {tmp_path}/python.log\n')
     for f in bin.iterdir():
         f.chmod(0o755)
-    return {'PATH': f'{bin}{os.pathsep}{os.environ["PATH"]}', 'CUDA_VISIBLE_DEVICES': '',
-            'OMP_NUM_THREADS': ''}
+    return {'PATH': f'{bin}{os.pathsep}{PATH}', 'CUDA_VISIBLE_DEVICES': '', 'OMP_NUM_THREADS': ''}
+
+
+def lists(cwd):
+    """The runs' block as pasted into bash in `cwd`: {list: its lines}, and the folder R."""
+    out = shell(blocks()[1] + 'echo "$R"', cwd)
+    assert out.returncode == 0, out.stderr
+    return {f: (cwd / f'{f}.txt').read_text().splitlines() for f in (
+        'table3', 'fig4', 'fig5', 'rerun')}, out.stdout.strip()
+
+
+def test_the_lists_as_written_write_to_a_new_folder_never_to_the_records(tmp_path):
+    """Each of the 220 lines, pasted as written, names its own --out in R, a folder apart from
+    results/ (where the records are); no line names results/records, or any of results/."""
+    found, r = lists(tmp_path)
+    lines = [line for f in found.values() for line in f]
+    outs = [os.path.normpath(line.split(' --out ')[1]) for line in lines]
+    assert len(lines) == len(set(outs)) == 220 and not any('results' in line for line in lines)
+    top = os.path.normpath(r).split(os.sep)[0]
+    assert top not in ('results', '..', '') and all(o.startswith(os.path.normpath(r) + os.sep)
+                                                    for o in outs)
 
 
 def test_the_dispatch_refuses_once_and_runs_nothing_without_a_gpu(tmp_path):
@@ -117,34 +141,34 @@ def test_the_dispatch_refuses_once_and_runs_nothing_without_a_gpu(tmp_path):
 
 def test_the_dispatch_runs_each_line_once_on_the_gpus_then_fig_6(tmp_path):
     """With two GPUs: each of the 220 runs' lines, once, as train.py's flags after the common
-    ones, on GPU 0 or 1 with one thread; then tools.similar on each Prompt run of Table 3."""
+    ones, on GPU 0 or 1 with one thread; then tools.similar on each Prompt run of Table 3, in R."""
     _, commands, dispatch = blocks()[:3]
+    found, r = lists(tmp_path)
     for name in ('prompt-none-s0', 'prompt-lhmix-s3', 'bert-none-s0'):
-        (tmp_path / 'results' / 'records' / 'table3' / name).mkdir(parents=True)
+        (tmp_path / r / 'table3' / name).mkdir(parents=True)
     out = shell(commands + dispatch, tmp_path, stubs(tmp_path, 2))
     assert out.returncode == 0, out.stderr
     log = (tmp_path / 'python.log').read_text().splitlines()
-    wanted = [line for f in ('table3', 'fig4', 'fig5', 'rerun')
-              for line in (tmp_path / f'{f}.txt').read_text().splitlines()]
+    wanted = [line for f in found.values() for line in f]
     assert len(wanted) == len(set(wanted)) == 220
     common = 'train.py --data data/debtags --model models/minilm --lr 1e-4 '
     trained, similar = log[:220], log[220:]
     assert sorted(line.split(' ', 1)[1] for line in trained) == sorted(common + w for w in wanted)
     assert {line.split(' ')[0] for line in trained} == {'0/1', '1/1'}
-    r = 'results/records/table3'
+    r = f'{r}/table3'
     assert similar == [f'/ -m tools.similar --ckpt {r}/{n}/best --all-labels --out {r}/{n}/'
                        'relatives.json' for n in ('prompt-lhmix-s3', 'prompt-none-s0')]
 
 
-def test_a_part_reruns_beside_the_records(tmp_path):
-    """The sentence after the blocks, as written: with R set to a new folder before the lists, its
-    command runs exactly one line, Table 3's Prompt at seed 0, into the new folder."""
+def test_a_part_runs_one_line_into_the_new_folder(tmp_path):
+    """The sentence after the blocks, as written after the lists: its command runs exactly one
+    line, Table 3's Prompt at seed 0, into R."""
     _, commands, dispatch = blocks()[:3]
     text = (ROOT / 'RESULTS.md').read_text('utf-8')
     part = re.search(r"Prompt at seed 0: `(grep [^`]*)`", text).group(1)
-    lists = commands.replace('R=results/records', 'R=out/rerun')
-    out = shell(lists + dispatch.split('run table3.txt')[0] + part, tmp_path, stubs(tmp_path, 1))
+    out = shell(commands + dispatch.split('run table3.txt')[0] + part, tmp_path,
+                stubs(tmp_path, 1))
     assert out.returncode == 0, out.stderr
     assert (tmp_path / 'python.log').read_text() == (
         '0/1 train.py --data data/debtags --model models/minilm --lr 1e-4 '
-        '--mix none --seed 0 --out out/rerun/table3/prompt-none-s0\n')
+        f'--mix none --seed 0 --out {lists(tmp_path)[1]}/table3/prompt-none-s0\n')

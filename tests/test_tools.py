@@ -891,32 +891,73 @@ def test_the_verdict_paired_at_100_percent_beside_each_that_it_changes(tmp_path,
         'paired by seed', pytest.approx(list(gaps.mean(0))), pytest.approx(list(want.pvalue)))
 
 
-def test_the_micro_f1_verdicts_at_the_best_dev_micro_f1_epoch(tmp_path, capsys):
+def test_fig_6s_and_fig_7s_comparisons_pair_by_seed_at_100_percent_as_the_others(ablation):
+    """Paired at 100% too (r.paired): Fig. 7's slopes and its F1 per depth and quartile, and
+    Fig. 6's + LH-Mix − Prompt, each the mean of the per-seed differences (ABLATION's Prompt,
+    + Mixup and + LH-Mix share seeds 0-2) and its p, by scipy's one-sample t."""
+    from scipy import stats
+    r = claims.Runs(summary.settings([str(f) for f in sorted(ablation.iterdir())]), 1.0, 0.75)
+    r.paired = True
+    got = [*claims.fig7('depth')(r), *claims.fig7('quartile')(r), *claims.fig7_lhmix(r),
+           *claims.fig6_prompt(r)]
+    want = [slopes(name) - slopes('prompt') for slopes in (depth_slopes, quartile_slopes)
+            for name in ('mixup', 'lhmix')]
+    want += [level('lhmix', 'depth', i) - level('mixup', 'depth', i) for i in range(2)]
+    want += [level('lhmix', 'quartiles', q) - level('mixup', 'quartiles', q) for q in range(4)]
+    want += [shares('lhmix', 'trained') - shares('prompt', 'trained')]
+    assert len(got) == len(want) == 11
+    for test, d in zip(got, want):
+        assert (test.how, list(test.value), list(test.p)) == (
+            'paired by seed', pytest.approx(list(d.mean(0))),
+            pytest.approx(list(stats.ttest_1samp(d, 0).pvalue), nan_ok=True)), test.what
+
+
+def test_the_micro_f1_verdicts_at_the_best_dev_micro_f1_epoch_in_the_tables_family(tmp_path,
+                                                                                  capsys):
     """--checkpoints: Prompt and BERT at seeds 0-2, two epochs each (dev macro-, micro-F1); the
     first the best in dev macro-F1 (the checkpoint), the second in dev micro-F1, where Prompt's
-    is 8 points above BERT's (inconclusive at the first). Each run's dev micro-F1 gained from the
-    first epoch to the second, its median and largest; Welch's p of each epoch by scipy, a family
-    of one: the word that changes."""
+    is 8 points above BERT's, at the first about 2 (alone, at Welch's p 0.036, supported). Beside
+    them Prompt + LH-Mix with relatives.json: Fig. 6's test, of the tables' family in column a.
+    Each run's dev micro-F1 gained from the first epoch to the second, its median and largest;
+    Welch's p of each epoch and Fig. 6's paired p by scipy, Holm's over the two by hand: the
+    checkpoint's word inconclusive (Holm), the other epoch's supported, and the test's (every
+    run at the same test F1) inconclusive."""
     from scipy import stats
-    epochs = {'prompt': [((50, 60), (49, 70)), ((51, 61.5), (50, 70.5)), ((52, 59), (49.5, 71))],
-              'bert': [((48, 60.5), (47, 62)), ((48.5, 60), (47, 62.5)), ((49.2, 61), (48, 63))]}
+    epochs = {'prompt': [((50, 60), (49, 70)), ((51, 61), (50, 70.5)), ((52, 62), (49.5, 71))],
+              'bert': [((48, 58), (47, 62)), ((48.5, 58.5), (47, 62.5)), ((49.2, 59.5), (48, 63))],
+              'lhmix': [((50, 60), (49, 61))] * 3}
+    args = {'prompt': {'mix': 'none'}, 'bert': {'arch': 'bert', 'mix': 'none'},
+            'lhmix': {'mix': 'lhmix'}}
+    trained = [31, 33, 30]  # each LH-Mix run's relatives among the 3 nearest, from 30
     folders = [fake_run(tmp_path / f'{name}-s{s}', 70, 40, history=[(*e, None) for e in run],
-                        seed=s, **({'arch': 'bert'} if name == 'bert' else {}), mix='none')
+                        seed=s, **args[name])
                for name, runs_ in epochs.items() for s, run in enumerate(runs_)]
+    for s, t in enumerate(trained):
+        (tmp_path / f'lhmix-s{s}' / similar.RELATIVES).write_text(json.dumps(
+            {'relatives_among_nearest': {'3': {'init': 0.3, 'trained': t / 100},
+                                         '15': {'init': 0.2, 'trained': 0.2}}}))
     paragraphs, _ = claims_out(folders, capsys, '--checkpoints')
     gain = [b[1] - a[1] for runs_ in epochs.values() for a, b in runs_]
-    words = []
+    fig6 = stats.ttest_1samp(np.array(trained) - 30.0, 0).pvalue
+    ps, words = [], []
     for e in (0, 1):
-        a, b = (np.array([run[e] for run in epochs[k]], dtype=float) for k in epochs)
-        p = stats.ttest_ind(a, b, equal_var=False).pvalue
-        words.append(verdict_by_hand((a - b).mean(0)[1], p[1], p[1], 0).split()[0])
-    assert words == ['inconclusive', 'supported']
+        a, b = (np.array([run[e][1] for run in epochs[k]], dtype=float) for k in ('prompt',
+                                                                                'bert'))
+        ps.append(stats.ttest_ind(a, b, equal_var=False).pvalue)
+        words.append(verdict_by_hand(a.mean() - b.mean(), ps[-1], holm_by_hand([ps[-1], fig6])[0],
+                                     0))
+    assert ps[0] < 0.05 < 2 * ps[0] < fig6  # supported alone; not in the family of two
+    assert words == ['inconclusive (Holm)', 'supported']
     assert paragraphs[-1] == (
         f'**Checkpoints** (dev level): the best dev micro-F1 epoch is {np.median(gain):.2f} '
         f'points of dev micro-F1 (median; at most {max(gain):.2f}) above the best dev macro-F1 '
         "epoch (the checkpoint tested). Table 3's and Fig. 4's 1 micro-F1 verdicts on dev "
-        'scores, best macro / micro epoch: supported 0 / 1, contradicted 0 / 0, inconclusive '
-        '1 / 0; 1 change: Table 3: Prompt above BERT, Prompt − BERT: inconclusive → supported.')
+        "scores, in the tables' Holm family (column a of the paper's claims, m = 2: the other 1 "
+        'on test scores, as no dev score of theirs is kept), best macro / micro epoch: '
+        'supported 0 / 1, contradicted 0 / 0, inconclusive 1 / 0; between the two, 1 word '
+        'changes (Table 3: Prompt above BERT, Prompt − BERT). Unlike the test words (test → '
+        'best macro / micro epoch): Table 3: Prompt above BERT, Prompt − BERT: inconclusive → '
+        'inconclusive (Holm) / supported.')
 
 
 def first_lines(tables):

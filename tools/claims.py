@@ -37,7 +37,7 @@ interval, from a t-test that the line names:
 - slope: Fig. 5, the least-squares slope of the runs' test macro-F1 over log10 alpha or over
   beta, its SE and t with n - 2 df (scipy.stats.linregress); Fig. 7, each run's least-squares
   slope over the depths, or over the label-frequency quartiles toward the rarer, compared between
-  settings by Welch's test.
+  settings as any two settings are (Welch's at 100%).
 
 Verdicts. Holm's step-down correction runs over the tests of a table in each column, a (micro-F1;
 Fig. 6: 3 nearest) and b (macro-F1; Fig. 5; Fig. 6: 15 nearest): the paper's claims are one
@@ -48,8 +48,9 @@ where the adjusted p < 0.05 and it has the other sign, else 'inconclusive', writ
 interval clears 0 exactly where the unadjusted p < 0.05, and Holm's p is never below it). A
 verdict that falls in one Holm family of the table's tests of both columns is marked
 '(marginal)'. A line's verdict is its measures' where they agree, 'partly' where they differ.
-The rule at 100% (Welch's) came after the runs: each verdict that pairing by seed at 100% (and
-the gap's change by seed) would give instead is shown beside it where it differs; 'Same-seed
+The rule at 100% (Welch's) came after the runs: each verdict that pairing by seed at 100% (every
+comparison of two settings, Fig. 6's and Fig. 7's included, and the gap's change by seed) would
+give instead is shown beside it where it differs; 'Same-seed
 r' is what pairing could use at each share. 'Cannot be tested here': the claim needs models or
 data that are not here, or a setting lacks two runs; the line says which, and what it measured
 all the same (outside Holm's families). Exploratory comparisons, chosen after seeing Fig. 5's
@@ -63,7 +64,10 @@ a verdict could reach.
 
 Checkpoints (--checkpoints): the micro-F1 tests of Table 3's and Fig. 4's lines on dev scores,
 each run's dev micro-F1 at its best dev macro-F1 epoch (the checkpoint that train.py keeps and
-tests) against at its best dev micro-F1 epoch; a test-level answer needs the runs again.
+tests) against at its best dev micro-F1 epoch, in the Holm family of the paper's claims' column
+a, as the tables (its other tests, which keep no dev score, on test scores); the words that
+change between the two, and those that differ from the test's. A test-level answer needs the
+runs again.
 
 Rerun (--rerun: one setting's runs made again at the seeds of its runs given): per measure, each
 set's mean and sd, the mean of the same-seed differences with its interval (paired by seed), the
@@ -269,17 +273,18 @@ class Runs:
                              f'one run of {name}{where}: a test needs two or more')
         return found
 
-    def compare(self, a, b, fraction=1.0, what=None):
-        """Test: row a − row b at a share of the training data: paired by seed below 100%,
-        where the seed draws the subset that both train on; Welch's at 100%, where it does not
-        (unless self.paired)."""
+    def compare(self, a, b, fraction=1.0, what=None, of=f1, measures=F1):
+        """Test: row a − row b at a share of the training data, in the `measures` that `of`
+        gives a row's runs ((runs, 2), in points): paired by seed below 100%, where the seed
+        draws the subset that both train on; Welch's at 100%, where it does not (unless
+        self.paired)."""
         what = what or f'{a} − {b}'
         if fraction == 1 and not self.paired:
-            return welch_test(what, f1(self.of(a)), f1(self.of(b)))
-        return paired_test(what, self.by_seed(a, b, fraction)[1])
+            return welch_test(what, of(self.of(a)), of(self.of(b)), measures)
+        return paired_test(what, self.by_seed(a, b, fraction, of)[1], measures=measures)
 
-    def by_seed(self, a, b, fraction=1.0):
-        """(the seeds, (seeds, 2) the F1 of row a's run − row b's at each), at a share."""
+    def by_seed(self, a, b, fraction=1.0, of=f1):
+        """(the seeds, (seeds, 2) row a's run's measures − row b's at each), at a share."""
         found = [sorted(self.of(name, fraction), key=lambda t: t['args']['seed'])
                  for name in (a, b)]
         seeds = [[t['args']['seed'] for t in f] for f in found]
@@ -287,7 +292,7 @@ class Runs:
             raise Untestable('a test paired by seed needs the same seeds, once each: ' + '; '.join(
                 f'{name} at {100 * fraction:g}% has seeds ' + ', '.join(map(str, s))
                 for name, s in zip((a, b), seeds)))
-        return seeds[0], f1(found[0]) - f1(found[1])
+        return seeds[0], of(found[0]) - of(found[1])
 
 
 def paper(*pairs):
@@ -358,9 +363,11 @@ def fig5_beta(r):
     return [slope_test('slope of macro-F1 over β', grid(r, 'beta', 'alpha'), -1)]
 
 
-def relatives(runs_, name):
-    """Each run's relatives.json (tools/similar.py --all-labels): (runs, len(K)), the share of
-    relatives among each k nearest labels, in points, at 'init' and 'trained'."""
+def relatives(runs_):
+    """Each run's relatives.json (tools/similar.py --all-labels), the runs of one row: (runs,
+    len(K)), the share of relatives among each k nearest labels, in points, at 'init' and
+    'trained'."""
+    name = row_name(runs_[0]['args'])
     lacking = [t['folder'] for t in runs_ if not os.path.exists(os.path.join(t['folder'],
                                                                             RELATIVES))]
     if lacking:
@@ -382,15 +389,15 @@ NEAREST = 'relatives among the ' + ' / '.join(map(str, K)) + ' nearest labels'
 
 
 def fig6(r):
-    lhmix = relatives(r.of('Prompt + LH-Mix'), 'Prompt + LH-Mix')
+    lhmix = relatives(r.of('Prompt + LH-Mix'))
     return [paired_test(f'+ LH-Mix trained − at initialisation, {NEAREST}',
                         lhmix['trained'] - lhmix['init'], 'paired by run', RELATED)]
 
 
 def fig6_prompt(r):
-    lhmix, prompt = (relatives(r.of(name), name)['trained'] for name in ('Prompt + LH-Mix',
-                                                                         'Prompt'))
-    return [welch_test(f'+ LH-Mix − Prompt, both trained, {NEAREST}', lhmix, prompt, RELATED)]
+    return [r.compare('Prompt + LH-Mix', 'Prompt', what=f'+ LH-Mix − Prompt, both trained, '
+                      f'{NEAREST}', of=lambda runs_: relatives(runs_)['trained'],
+                      measures=RELATED)]
 
 
 def per_level(t, part):
@@ -404,27 +411,26 @@ def per_level(t, part):
 
 def fig7(part):
     def tests(r):
-        mixup, lhmix, prompt = (r.of(name) for name in ('Prompt + Mixup', 'Prompt + LH-Mix',
-                                                        'Prompt'))
-        if len(per_level(prompt[0], part)[0]) < 2:
+        if len(per_level(r.of('Prompt')[0], part)[0]) < 2:
             raise Untestable(f'the data has one {part}')
-        slopes = [np.array([np.polyfit(*per_level(t, part), 1)[0] for t in runs_])
-                  for runs_ in (mixup, lhmix, prompt)]  # (runs, 2) each
+
+        def slopes(runs_):  # (runs, 2)
+            return np.array([np.polyfit(*per_level(t, part), 1)[0] for t in runs_])
         per = 'depth' if part == 'depth' else 'quartile toward the rarer'
-        return [welch_test(f'{name} − Prompt, slope per {per}', slopes[i], slopes[2])
-                for i, name in enumerate(('+ Mixup', '+ LH-Mix'))]
+        return [r.compare(f'Prompt {name}', 'Prompt', what=f'{name} − Prompt, slope per {per}',
+                          of=slopes) for name in ('+ Mixup', '+ LH-Mix')]
     return tests
 
 
 def fig7_lhmix(r):
-    lhmix, mixup = r.of('Prompt + LH-Mix'), r.of('Prompt + Mixup')
     out = []
     for part in ('depth', 'quartile'):
-        xs = per_level(lhmix[0], part)[0].tolist()
-        f = [np.array([per_level(t, part)[1] for t in runs_]) for runs_ in (lhmix, mixup)]
-        out += [welch_test(f'+ LH-Mix − + Mixup at depth {x}' if part == 'depth' else
-                           f'+ LH-Mix − + Mixup in quartile {-x}' + ' (the rarest)' * (x == -1),
-                           *(g[:, i] for g in f)) for i, x in enumerate(xs)]
+        xs = per_level(r.of('Prompt + LH-Mix')[0], part)[0].tolist()
+        out += [r.compare('Prompt + LH-Mix', 'Prompt + Mixup', what=(
+            f'+ LH-Mix − + Mixup at depth {x}' if part == 'depth' else
+            f'+ LH-Mix − + Mixup in quartile {-x}' + ' (the rarest)' * (x == -1)),
+            of=lambda runs_, i=i: np.array([per_level(t, part)[1][i] for t in runs_]))
+            for i, x in enumerate(xs)]
     return out
 
 
@@ -551,14 +557,14 @@ def glance(rows, measured, paired):
     print(head('verdict', 'claim', 'comparison', 'a: micro-F1 [95% interval]',
                'b: macro-F1 [95% interval]'))
     last = None
-    for ((short, *_), test, why), (_, other, other_why) in zip(lines(rows, measured),
-                                                               lines(rows, paired)):
-        words = [] if why else [w + f'; paired at 100%: {o}' * (o != w) for w, o in zip(
-            test.verdicts(), other.verdicts() if other and not other_why else test.verdicts())]
-        print(markdown([why.split(':')[0] if why else overall(test.verdicts()),
-                        short * (short != last), test.what if test else '',
-                        *(test.columns(words) if test else ['', ''])]))
-        last = short
+    for (short, *_), (tests, why), (others, other_why) in zip(rows, measured, paired):
+        for test, other in zip(tests or [None], (tests if other_why else others) or [None]):
+            words = [] if why else [w + f'; paired at 100%: {o}' * (o != w) for w, o in zip(
+                test.verdicts(), other.verdicts())]
+            print(markdown([why.split(':')[0] if why else overall(test.verdicts()),
+                            short * (short != last), test.what if test else '',
+                            *(test.columns(words) if test else ['', ''])]))
+            last = short
 
 
 def details(rows, measured):
@@ -649,27 +655,39 @@ def at_dev(r, key):
     return out
 
 
-def checkpoints(r):
+def checkpoints(r, measured):
     """Prints the micro-F1 verdicts of Table 3's and Fig. 4's lines at dev level, each run's dev
-    F1 at its best dev macro-F1 epoch (its checkpoint) and at its best dev micro-F1 epoch."""
-    rows = [row for row in PAPER if row[0].startswith(('Table 3', 'Fig. 4'))]
+    F1 at its best dev macro-F1 epoch (its checkpoint) and at its best dev micro-F1 epoch, in the
+    Holm family that the paper's claims' table uses (`measured`: its tests on test scores; those
+    of the others, which keep no dev score, stay so): the words at each epoch, those that change
+    between the two, and those that differ from the test's."""
     dev = {key: at_dev(r, f'dev_{key}') for key in F1}  # each reads every run's metrics.jsonl
-    by = {key: lines(rows, measure(rows, d)) for key, d in dev.items()}
     gain = [100 * (b['micro_f1'] - a['micro_f1']) for a, b in zip(*(
         [t for s in dev[key].groups for t in s.tests] for key in F1[::-1]))]
-    words = {key: [test.verdicts()[0] for _, test, why in found if test and not why]
-                   for key, found in by.items()}
-    moved = [f'{row[0]}, {test.what}: {w} → {v}' for (row, test, why), w, v in zip(
-        [x for x in by['macro_f1'] if x[1] and not x[2]], words['macro_f1'], words['micro_f1'])
-        if w.split()[0] != v.split()[0]]
+
+    def micro(found):  # {line: its micro-F1 test} of Table 3's and Fig. 4's lines
+        return {f'{row[0]}, {test.what}': test for row, test, why in lines(PAPER, found)
+                if test and not why and row[0].startswith(('Table 3', 'Fig. 4'))}
+    test = {k: t.verdicts()[0] for k, t in micro(measured).items()}
+    at = [{k: t.verdicts()[0] for k, t in micro(measure(PAPER, dev[key])).items()}
+          for key in F1[::-1]]
+    m = max([int(t.m[0]) for t in micro(measured).values()], default=0)  # the family's size
+    changed = [k for k in test if at[0][k].split()[0] != at[1][k].split()[0]]
+    unlike = [f'{k}: {w} → {at[0][k]} / {at[1][k]}' for k, w in test.items()
+              if {x[k].split()[0] for x in at} != {w.split()[0]}]
     print(f'\n**Checkpoints** (dev level): the best dev micro-F1 epoch is {np.median(gain):.2f} '
           f'points of dev micro-F1 (median; at most {max(gain):.2f}) above the best dev macro-F1 '
-          f"epoch (the checkpoint tested). Table 3's and Fig. 4's {len(words['micro_f1'])} "
-          'micro-F1 verdicts on dev scores, best macro / micro epoch: ' + ', '.join(
-              f'{w} {sum(v.split()[0] == w for v in words["macro_f1"])} / '
-              f'{sum(v.split()[0] == w for v in words["micro_f1"])}'
-              for w in ('supported', 'contradicted', 'inconclusive')) + '; '
-          + (f'{len(moved)} change: ' + '; '.join(moved) if moved else 'none changes') + '.')
+          f"epoch (the checkpoint tested). Table 3's and Fig. 4's {len(test)} micro-F1 verdicts "
+          f"on dev scores, in the tables' Holm family (column a of the paper's claims, m = {m}: "
+          f'the other {m - len(test)} on test scores, as no dev score of theirs is kept), best '
+          'macro / micro epoch: ' + ', '.join(
+              f'{w} {sum(v.split()[0] == w for v in at[0].values())} / '
+              f'{sum(v.split()[0] == w for v in at[1].values())}'
+              for w in ('supported', 'contradicted', 'inconclusive'))
+          + f'; between the two, {len(changed) or "no"} word{"s" * (len(changed) > 1)} '
+          f'change{"s" * (len(changed) < 2)}' + (f' ({"; ".join(changed)})' if changed else '')
+          + '. ' + ('Unlike the test words (test → best macro / micro epoch): '
+                     + '; '.join(unlike) if unlike else 'Each word is the test\'s') + '.')
 
 
 def rerun_of(r, folders):
@@ -776,7 +794,7 @@ def claims(args):
         print()
         details(rows, measured)
     if args.checkpoints:
-        checkpoints(r)
+        checkpoints(r, tables[0][2])
     if args.rerun:
         again = [(title, rows, measure(rows, r.replaced(first, again_runs)))
                  for title, rows, _ in tables]

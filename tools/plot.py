@@ -343,9 +343,10 @@ def fig7(fig, groups):
 
 
 # The claims figure's verdicts: (marker, colour), each told apart by both; a marginal one (it
-# falls in one Holm family of both measures) hollow
+# falls in one Holm family of both measures) hollow; and the markers' size
 VERDICTS = {'supported': ('o', 'C2'), 'contradicted': ('X', 'C3'),
             'inconclusive (Holm)': ('D', 'C1'), 'inconclusive': ('s', '0.55')}
+MS = 7
 # The README's figure: the lines of these claims, at most 14
 HEADLINE = ('Table 3: Prompt above BERT', 'Table 3: + Mixup above its base',
             'Table 3: + LH-Mix above + Mixup', 'Fig. 4: mixing above Prompt at 10%',
@@ -370,9 +371,9 @@ def forest(fig, groups, headline=False):
     if not rows:
         return "needs the runs of a claim's test (tools/claims.py)"
     ys = [y + ours for y, (ours, *_) in enumerate(rows)]  # a row's gap before ours
-    size = 9 if headline else 7
-    fig.set_size_inches(9 if headline else 12, 1.6 + (0.42 if headline else 0.36) * ys[-1])
-    axes = fig.subplots(1, 2, sharey=True)
+    size = 9 if headline else 10  # points: 9 px or more when shown 830 px wide
+    fig.set_size_inches(9 if headline else 12, 1.6 + 0.42 * ys[-1])
+    axes, drawn = fig.subplots(1, 2, sharey=True), set()  # drawn: the verdicts, for the legend
     for c, ax in enumerate(axes):
         spans = [x for *_, t in rows for i, m in enumerate(t.measures) if claims.COLUMN[m] == c
                  for x in (t.interval()[0][i], t.interval()[1][i])]
@@ -389,8 +390,9 @@ def forest(fig, groups, headline=False):
                     gid=f'claims-{c}-side-{y}')
             ax.plot([low, high], [y, y], color='k', lw=1, gid=f'claims-{c}-interval-{y}')
             verdict = t.verdicts()[i]
+            drawn.add(verdict)
             marker, colour = VERDICTS[verdict.removesuffix(' (marginal)')]
-            ax.plot([t.value[i]], [y], marker, color=colour, ms=7, gid=f'claims-{c}-{y}',
+            ax.plot([t.value[i]], [y], marker, color=colour, ms=MS, gid=f'claims-{c}-{y}',
                     mfc='white' if verdict.endswith('(marginal)') else colour)
         if any(ours for ours, *_ in rows):  # ours apart
             split = ys[[ours for ours, *_ in rows].index(True)] - 1
@@ -406,12 +408,12 @@ def forest(fig, groups, headline=False):
     labels = [f'{short}\n{t.what}'.replace(f', {claims.NEAREST}', '') for _, short, t in rows]
     axes[0].set_yticks(ys, labels, fontsize=size)
     axes[0].invert_yaxis()  # the axes share y: the first line on top in both
-    fig.legend(handles=[*(Line2D([], [], ls='none', marker=m, color=c, label=v)
-                          for v, (m, c) in VERDICTS.items()),
-                        Line2D([], [], ls='none', marker='o', color='C2', mfc='white',
-                               label='marginal'),
+    fig.legend(handles=[*(Line2D([], [], ls='none', marker=m, color=c, ms=MS, label=v + marked,
+                                 mfc='white' if marked else c)
+                          for v, (m, c) in VERDICTS.items() for marked in ('', ' (marginal)')
+                          if v + marked in drawn),
                         Patch(color='C2', alpha=0.12, label="the claim's side of 0")],
-               ncols=3 if headline else 6, loc='outside lower center', fontsize=size)
+               ncols=4, loc='outside lower center', fontsize=size)
     fig.suptitle(f'The claims against {sum(len(s.folders) for s in groups)} runs of --data '
                  f"{r.data}: each difference with its 95% interval; verdict after Holm's "
                  'correction (marker, colour)' if not headline else 'Headline claims against '
