@@ -454,10 +454,10 @@ def base_run(tmp_path_factory):
         f1, one_epoch = evaluate.f1_scores, train.train_epoch
         mp.setattr(evaluate, 'f1_scores', lambda *a, **k: {**f1(*a, **k), 'macro_f1': -0.5})
 
-        def interrupt(run, step, epoch, bar):
+        def interrupt(run, step, graphed, epoch, bar):
             if epoch == 1:
                 raise KeyboardInterrupt
-            return one_epoch(run, step, epoch, bar)
+            return one_epoch(run, step, graphed, epoch, bar)
         mp.setattr(train, 'train_epoch', interrupt)
         with pytest.raises(SystemExit) as e:
             train.main(FAST + ['--epochs', '2', '--out', str(root / 'run')])
