@@ -248,9 +248,9 @@ def load_hiagm(folder):
                                  'string or a list of strings, and a list `label` (or `doc_label`)')
             for v in labels:
                 if not (v in parents if isinstance(v, str) else type(v) is int and v in value_dict):
-                    raise ValueError(f'{path}:{n}: label {json.dumps(v)} is ' + (
-                        f'neither a label of {taxonomy} nor an id in {ids_file}' if value_dict
-                        else f'not a label of {taxonomy}'))
+                    raise ValueError(f'{path}:{n}: label {json.dumps(v, ensure_ascii=False)} is '
+                                     + (f'neither a label of {taxonomy} nor an id in {ids_file}'
+                                        if value_dict else f'not a label of {taxonomy}'))
             raw[split].append((text, labels))
         if not raw[split]:
             raise ValueError(f'{path}: no documents (the {split} split may not be empty)')
