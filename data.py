@@ -365,7 +365,10 @@ def load_data(name, data_dir=None):
         if data_dir:
             raise ValueError(f'--data-dir {data_dir}: --data demo is built in and reads no folder')
         return load_demo()
-    source = data_dir or (os.path.join('data', name) if name in ('wos', 'nyt', 'rcv1') else name)
+    named = name in ('wos', 'nyt', 'rcv1')
+    if not (data_dir or named or os.path.isdir(name)):
+        raise ValueError(f'--data {name}: not wos, nyt, rcv1, demo or a folder')
+    source = data_dir or (os.path.join('data', name) if named else name)
     hierarchy, splits = load_wos(source) if name == 'wos' else load_hiagm(source)
     counts = [f'{s} {sum(not t.strip() for t, _ in docs)} empty texts, '
               f'{sum(not labels for _, labels in docs)} without labels'

@@ -427,7 +427,9 @@ def test_the_tiny_model_and_the_demo_take_their_own_defaults_and_a_given_flag_wi
 @pytest.mark.parametrize('argv, message', [
     (['--data', '{t}/data', '--model', 'tiny', '--device', 'cpu'],
      '{t}/data/toy_val.json:3: malformed JSON'),
-    (['--data', str(ROOT / 'README.md')], f'{ROOT}/README.md: Not a directory'),
+    (['--data', str(ROOT / 'README.md')], f'--data {ROOT}/README.md: not wos, nyt, rcv1, demo or '
+     'a folder'),
+    (['--data', 'wso'], '--data wso: not wos, nyt, rcv1, demo or a folder'),  # a misspelt name
     (FAST + ['--model', '{t}/nope'], "could not load model '{t}/nope' (not a local folder"),
     (FAST + ['--model', '{run}/best'], "model '{run}/best': "),  # a checkpoint: not pretrained
     (FAST + ['--max-length', '5'], 'max_length 5 leaves -4 text tokens (at most 512 positions)'),
