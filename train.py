@@ -267,7 +267,8 @@ def fit(run):
 def test(run, started):
     """The best-dev checkpoint's test figures, as evaluate.py computes them, and where the run
     came from (runs.provenance); the line ends with the run's time since `started`. A run whose
-    best dev macro-F1 is 0 learned nothing: likely, it stopped too soon; it ends in an error."""
+    best dev macro-F1 is 0 learned nothing: likely, it stopped too soon; it ends in an error
+    naming what stopped it."""
     best, _, meta = runs.load_checkpoint(os.path.join(run.folder.path, 'best'), run.args.device)
     result = {**evaluate.report(lhmix.score_documents(best, run.tokens['test']) > 0,
                                 run.gold['test'], best.hierarchy, run.train_labels),
@@ -279,7 +280,14 @@ def test(run, started):
           f"  (best dev epoch {meta['epoch']}, {run.args.out}; {time.time() - started:.0f} s in "
           'all)')
     if not any(h['dev_macro_f1'] for h in run.history):
-        raise ValueError('stopped too soon (dev macro-F1 0): try a larger --early-stop or --lr')
+        # Early stopping is named wherever it is met, even at the last epoch: more epochs would
+        # end at once.
+        args = run.args
+        raise ValueError(
+            f'early stopping (--early-stop {args.early_stop}) ended the run at dev macro-F1 0: '
+            'try a larger --early-stop or --lr' if runs.since_best(run.history) >= args.early_stop
+            else f'--epochs {args.epochs} ended the run at dev macro-F1 0: try a larger --epochs '
+            'or --lr')
 
 
 def train(args, given):
