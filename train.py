@@ -140,6 +140,12 @@ def prepare(args, given, folder):
                          "differ from the run's; start a new run")
     used = {**splits, 'train': data.train_part(splits['train'], args.train_fraction, args.seed)}
     if not args.resume:
+        unseen = [hierarchy.labels[v] for v in sorted(
+            {v for s in ('dev', 'test') for _, ls in used[s] for v in ls}
+            - {v for _, ls in used['train'] for v in ls})]
+        if unseen:  # Scored all the same, they weigh on macro-F1 as any other label.
+            print(f'warning: labels in dev or test but in no training document: {len(unseen)} ('
+                  + ', '.join(unseen[:5]) + ', ...' * (len(unseen) > 5) + ')', file=sys.stderr)
         mlm, tokenizer = (data.tiny_bert([t for t, _ in used['train']] + hierarchy.names)
                           if args.model == 'tiny' else data.load_pretrained(args.model))
         model = lhmix.build_model(mlm, tokenizer, hierarchy, args.arch, args.max_length)

@@ -144,7 +144,7 @@ def test_a_mixup_run_whose_epochs_end_in_its_warm_up_says_mixup_never_starts(tmp
     with --epochs 2 it starts in epoch 1, and nothing is said."""
     argv = FAST + ['--warmup-epochs', '1', '--mix', 'mixup']
     train.main(argv + ['--epochs', '1', '--out', str(tmp_path / 'a')])
-    warned = [x for x in capsys.readouterr().err.splitlines() if 'warning' in x]
+    warned = [x for x in capsys.readouterr().err.splitlines() if 'Mixup' in x]
     assert warned == ['warning: --epochs 1 <= --warmup-epochs 1: Mixup never starts']
     train.main(argv + ['--epochs', '2', '--out', str(tmp_path / 'b')])
     assert 'never starts' not in capsys.readouterr().err
@@ -194,6 +194,19 @@ def test_train_fraction_draws_its_documents_with_the_runs_seed():
     assert run.gold['train'] == [splits['train'][i][1] for i in keep]
     assert run.gold['dev'] == [ls for _, ls in splits['dev']]
     assert data.train_part(list(range(1200)), 0.01, 1) == keep  # in their order, not the draw's
+
+
+@pytest.mark.parametrize('fraction, err', [
+    ('0.01', 'warning: labels in dev or test but in no training document: 8 (optics, genetics, '
+     'chemistry, tennis, cycling, ...)\n'), ('1', '')])
+def test_labels_in_dev_or_test_but_in_no_training_document_get_one_warning(capsys, fraction, err):
+    """The 12 training documents of --train-fraction 0.01 --seed 1 have none of the demo's optics,
+    genetics, chemistry, tennis, cycling, jazz, painting and banking, which dev and test have: one
+    line says how many, and names the first five in the tree's order. Whole, the training split
+    has every label: nothing is said."""
+    train.prepare(*train.parse(['--data', 'demo', '--device', 'cpu', '--train-fraction', fraction,
+                                '--seed', '1']), None)
+    assert capsys.readouterr().err == err
 
 
 @pytest.mark.parametrize('arch, budget', [('prompt', 12 - 8 - 1), ('bert', 12 - 1 - 1)])
