@@ -253,9 +253,9 @@ def load_hiagm(folder):
                                  'string or a list of strings, and a list `label` (or `doc_label`)')
             for v in labels:
                 if not (v in parents if isinstance(v, str) else type(v) is int and v in value_dict):
-                    raise ValueError(f'{path}:{n}: label {json.dumps(v)} is ' + (
-                        f'neither a label of {taxonomy} nor an id in {ids_file}' if value_dict
-                        else f'not a label of {taxonomy}'))
+                    raise ValueError(f'{path}:{n}: label {json.dumps(v, ensure_ascii=False)} is '
+                                     + (f'neither a label of {taxonomy} nor an id in {ids_file}'
+                                        if value_dict else f'not a label of {taxonomy}'))
             raw[split].append((text, labels))
         if not raw[split]:
             raise ValueError(f'{path}: no documents (the {split} split may not be empty)')
@@ -370,7 +370,10 @@ def load_data(name, data_dir=None):
         if data_dir:
             raise ValueError(f'--data-dir {data_dir}: --data demo is built in and reads no folder')
         return load_demo()
-    source = data_dir or (os.path.join('data', name) if name in ('wos', 'nyt', 'rcv1') else name)
+    named = name in ('wos', 'nyt', 'rcv1')
+    if not (data_dir or named or os.path.isdir(name)):
+        raise ValueError(f'--data {name}: not wos, nyt, rcv1, demo or a folder')
+    source = data_dir or (os.path.join('data', name) if named else name)
     hierarchy, splits = load_wos(source) if name == 'wos' else load_hiagm(source)
     counts = [f'{s} {sum(not t.strip() for t, _ in docs)} empty texts, '
               f'{sum(not labels for _, labels in docs)} without labels'

@@ -290,6 +290,11 @@ class RunFolder:
             raise ValueError(f'--out {self.name}: holds an earlier run: continue it (--resume), '
                              'replace it (--overwrite) or choose another --out')
         self._refuse_others()
+        # A run's figures without best/ and last/ are no state that train.py leaves: records kept
+        # apart from their checkpoints, which not even --overwrite replaces.
+        if {METRICS, TEST_METRICS} & set(top) and not {'best', 'last'} & set(top):
+            raise ValueError(f"--out {self.name}: holds a run's records without its checkpoints "
+                             '(as results/records keeps them); choose another --out')
         if not overwrite:
             raise ValueError(f'--out {self.name}: holds a run that saved no epoch or is damaged '
                              f'({why}); replace it with --overwrite, or choose another --out')

@@ -292,6 +292,7 @@ def test_hierarchy_from_a_parent_map():
     assert h.names == ['CS', 'Medical', 'machine learning', 'DB', 'Cancer', 'Deep Learning']
     assert h.closure([5]) == [0, 2, 5] and h.closure([5, 4]) == [0, 1, 2, 4, 5]
     assert h.closure([]) == [] and h.closure(iter([3, 3])) == [0, 3]
+    assert h.closure(np.array([5, 4])) == [0, 1, 2, 4, 5]  # numpy's integers are ids too
     h = lhmix.Hierarchy({'a': None, 'b': 'Root', 'a/c_d': 'a', 'a/c_d/e': 'a/c_d'})
     assert h.parent == [-1, -1, 0, 2] and h.depth == [1, 1, 2, 3]
     assert h.names == ['a', 'b', 'c d', 'e'] and len(h) == 4 and h.index['a/c_d'] == 2
@@ -652,7 +653,8 @@ def test_misuse_ends_in_one_line_naming_the_fix(monkeypatch):
     for lam in ([0.5, 1.5], [-0.25, 0.5], [0.5, math.nan]):
         assert error(lambda: model(**b, partner=pair, lam=torch.tensor(lam))) == (
             f'lam {lam}: give ratios in [0, 1]')
-    for name, mixing in (('lam', {'lam': torch.ones(3)}), ('partner', {'lam': torch.ones(2)}),
+    for name, mixing in (('lam', {'lam': torch.ones(3)}), ('lam', {'lam': torch.ones(2, 1)}),
+                         ('partner', {'lam': torch.ones(2)}),
                          ('hierarchy_ids', {'hierarchy_ids': torch.arange(1)})):
         mixing = {'partner': torch.tensor([1, 0, 0] if name == 'partner' else [1, 0]), **mixing}
         shape = tuple(mixing[name].shape)

@@ -140,6 +140,12 @@ def prepare(args, given, folder):
                          "differ from the run's; start a new run")
     used = {**splits, 'train': data.train_part(splits['train'], args.train_fraction, args.seed)}
     if not args.resume:
+        unseen = [hierarchy.labels[v] for v in sorted(
+            {v for s in ('dev', 'test') for _, ls in used[s] for v in ls}
+            - {v for _, ls in used['train'] for v in ls})]
+        if unseen:  # Scored all the same, they weigh on macro-F1 as any other label.
+            print(f'warning: labels in dev or test but in no training document: {len(unseen)} ('
+                  + ', '.join(unseen[:5]) + ', ...' * (len(unseen) > 5) + ')', file=sys.stderr)
         mlm, tokenizer = (data.tiny_bert([t for t, _ in used['train']] + hierarchy.names)
                           if args.model == 'tiny' else data.load_pretrained(args.model))
         model = lhmix.build_model(mlm, tokenizer, hierarchy, args.arch, args.max_length)
@@ -259,7 +265,8 @@ def fit(run):
 def test(run, started):
     """The best-dev checkpoint's test figures, as evaluate.py computes them, and where the run
     came from (runs.provenance); the line ends with the run's time since `started`. A run whose
-    best dev macro-F1 is 0 learned nothing: likely, it stopped too soon; it ends in an error."""
+    best dev macro-F1 is 0 learned nothing: likely, it stopped too soon; it ends in an error
+    naming what stopped it."""
     best, _, meta = runs.load_checkpoint(os.path.join(run.folder.path, 'best'), run.args.device)
     result = {**evaluate.report(lhmix.score_documents(best, run.tokens['test']) > 0,
                                 run.gold['test'], best.hierarchy, run.train_labels),
@@ -271,7 +278,14 @@ def test(run, started):
           f"  (best dev epoch {meta['epoch']}, {run.args.out}; {time.time() - started:.0f} s in "
           'all)')
     if not any(h['dev_macro_f1'] for h in run.history):
-        raise ValueError('stopped too soon (dev macro-F1 0): try a larger --early-stop or --lr')
+        # Early stopping is named wherever it is met, even at the last epoch: more epochs would
+        # end at once.
+        args = run.args
+        raise ValueError(
+            f'early stopping (--early-stop {args.early_stop}) ended the run at dev macro-F1 0: '
+            'try a larger --early-stop or --lr' if runs.since_best(run.history) >= args.early_stop
+            else f'--epochs {args.epochs} ended the run at dev macro-F1 0: try a larger --epochs '
+            'or --lr')
 
 
 def train(args, given):

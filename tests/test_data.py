@@ -450,8 +450,8 @@ GOOD = json.dumps({'token': 'x', 'label': ['GCAT']})
     ('toy_val.json', [GOOD, '{"token": "x'],  # the string opens at column 11, character 10
      ':2: malformed JSON: Unterminated string starting at: line 1 column 11 (char 10)'),
     ('toy_val.json', ['[1, 2]'], ':1: expected an object with `token`'),
-    ('toy_train.json', [GOOD, GOOD, '{"token": "x", "label": ["NOPE"]}'],
-     ':3: label "NOPE" is not a label of {f}/toy.taxonomy'),
+    ('toy_train.json', [GOOD, GOOD, '{"token": "x", "label": ["Drücker Störung"]}'],
+     ':3: label "Drücker Störung" is not a label of {f}/toy.taxonomy'),  # as written
     ('toy_train.json', [GOOD, '{"token": "x", "label": [11]}'], ':2: label 11 is not a label'),
     ('toy_train.json', [GOOD, '{"token": "x", "label": ["GCAT", null]}'], ':2: label null is'),
     ('toy_train.json', [GOOD, '{"token": ["a", 3], "label": ["GCAT"]}'], ':2: expected an object'),

@@ -1,8 +1,8 @@
 """Tests of runs.py's checkpoints: each model rebuilt as its own class, a round trip, no pickle and
 no code run, one line for each damage (naming the file), a kill during a save; of the run folder,
-what an --overwrite's replacement of an earlier run keeps and what a failed run leaves (its
-refusals are tested through train.py in test_train.py). Expected values are the saved model's own
-outputs or worked by hand."""
+what an --overwrite's replacement of an earlier run keeps, what a failed run leaves and a run's
+records refused (its other refusals are tested through train.py in test_train.py). Expected values
+are the saved model's own outputs or worked by hand."""
 import hashlib
 import json
 import os
@@ -224,6 +224,21 @@ def test_a_run_that_fails_before_its_first_save_leaves_nothing_of_its_own(tmp_pa
                 (out / 'metrics.jsonl').write_text('{"epoch": 0}\n')
                 raise KeyboardInterrupt
         assert os.listdir(tmp_path) == ['mine'] and os.listdir(tmp_path / 'mine') == []
+
+
+def test_a_runs_records_without_checkpoints_are_named_so_and_never_replaced(tmp_path):
+    """A folder as results/records keeps a run (metrics.jsonl, test_metrics.json, no best/ or
+    last/): refused as --out in one line that says so, with or without --overwrite, and left as
+    it was."""
+    out = tmp_path / 'bert-lhmix-s0'
+    shutil.copytree(os.path.join(os.path.dirname(runs.__file__), 'results', 'records', 'table3',
+                                 out.name), out)
+    before = tree_state(out)
+    for overwrite in (False, True):
+        assert error(lambda: runs.RunFolder(str(out), overwrite=overwrite)) == (
+            f"--out {out}: holds a run's records without its checkpoints (as results/records "
+            'keeps them); choose another --out')
+        assert tree_state(out) == before
 
 
 def test_the_digests_that_resume_checks_and_a_record_keeps_cover_labels_names_and_splits():

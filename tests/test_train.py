@@ -34,16 +34,17 @@ from helpers import (FAST, PARENTS, error_of, is_whole_run, read_metrics, tiny_m
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository
 TIMING = ('seconds', 'dev_seconds', 'samples_per_s')
-NOTHING_LEARNED = 'error: stopped too soon (dev macro-F1 0): try a larger --early-stop or --lr'
+NOTHING_LEARNED = ('error: --epochs {} ended the run at dev macro-F1 0: try a larger --epochs '
+                   'or --lr')
 
 
 def brief_run(argv):
     """train.main(argv) for a run too short to be sure to learn (such as an epoch on FAST's 12
-    documents): it may end saying that it learned nothing, and only so."""
+    documents): it may end saying that it learned nothing in its --epochs, and only so."""
     try:
         train.main(argv)
     except SystemExit as e:
-        assert e.code == NOTHING_LEARNED, e.code
+        assert e.code == NOTHING_LEARNED.format(argv[argv.index('--epochs') + 1]), e.code
 
 
 def results(out):
@@ -143,7 +144,7 @@ def test_a_mixup_run_whose_epochs_end_in_its_warm_up_says_mixup_never_starts(tmp
     with --epochs 2 it starts in epoch 1, and nothing is said."""
     argv = FAST + ['--warmup-epochs', '1', '--mix', 'mixup']
     train.main(argv + ['--epochs', '1', '--out', str(tmp_path / 'a')])
-    warned = [x for x in capsys.readouterr().err.splitlines() if 'warning' in x]
+    warned = [x for x in capsys.readouterr().err.splitlines() if 'Mixup' in x]
     assert warned == ['warning: --epochs 1 <= --warmup-epochs 1: Mixup never starts']
     train.main(argv + ['--epochs', '2', '--out', str(tmp_path / 'b')])
     assert 'never starts' not in capsys.readouterr().err
@@ -160,7 +161,7 @@ def test_a_label_named_by_no_word_piece_is_named_in_one_warning_and_the_run_trai
         warnings.simplefilter('always')
         train.main(['--data', str(folder), '--model', 'tiny', '--device', 'cpu', '--epochs', '1',
                     '--warmup-epochs', '0', '--out', str(tmp_path / 'run')])
-    assert stop.value.code == NOTHING_LEARNED
+    assert stop.value.code == NOTHING_LEARNED.format(1)
     assert [str(w.message) for w in caught if w.filename == lhmix.__file__] == [
         'labels whose names give only [UNK] start alike and are alike in local hierarchies: '
         "{'x/___': 'its name holds no word'}; rename them (label_names.tsv in the data folder; "
@@ -193,6 +194,19 @@ def test_train_fraction_draws_its_documents_with_the_runs_seed():
     assert run.gold['train'] == [splits['train'][i][1] for i in keep]
     assert run.gold['dev'] == [ls for _, ls in splits['dev']]
     assert data.train_part(list(range(1200)), 0.01, 1) == keep  # in their order, not the draw's
+
+
+@pytest.mark.parametrize('fraction, err', [
+    ('0.01', 'warning: labels in dev or test but in no training document: 8 (optics, genetics, '
+     'chemistry, tennis, cycling, ...)\n'), ('1', '')])
+def test_labels_in_dev_or_test_but_in_no_training_document_get_one_warning(capsys, fraction, err):
+    """The 12 training documents of --train-fraction 0.01 --seed 1 have none of the demo's optics,
+    genetics, chemistry, tennis, cycling, jazz, painting and banking, which dev and test have: one
+    line says how many, and names the first five in the tree's order. Whole, the training split
+    has every label: nothing is said."""
+    train.prepare(*train.parse(['--data', 'demo', '--device', 'cpu', '--train-fraction', fraction,
+                                '--seed', '1']), None)
+    assert capsys.readouterr().err == err
 
 
 @pytest.mark.parametrize('arch, budget', [('prompt', 12 - 8 - 1), ('bert', 12 - 1 - 1)])
@@ -312,19 +326,23 @@ def test_early_stopping_on_dev_macro_f1_and_best_the_first_of_equals(tmp_path, m
     assert test['best_epoch'] == 1 == runs.load_checkpoint(str(out / 'best'))[2]['epoch']
 
 
-@pytest.mark.parametrize('macro, ended', [([0.0, 0.0, 0.0], NOTHING_LEARNED),
-                                          ([0.0, 0.0, 1e-9], None)])
+@pytest.mark.parametrize('macro, flags, ended', [
+    ([0.0, 0.0, 0.0], ['--epochs', '3'], NOTHING_LEARNED.format(3)),
+    ([0.0, 0.0, 0.0, 0.0], ['--epochs', '4', '--early-stop', '2'], 'error: early stopping '
+     '(--early-stop 2) ended the run at dev macro-F1 0: try a larger --early-stop or --lr'),
+    ([0.0, 0.0, 1e-9], ['--epochs', '3'], None)])
 def test_a_run_whose_best_dev_macro_f1_is_0_ends_in_an_error_naming_the_flags(
-        tmp_path, monkeypatch, capsys, macro, ended):
+        tmp_path, monkeypatch, capsys, macro, flags, ended):
     """Scripted dev macro-F1 0 at each of 3 epochs: the run tests and keeps its record, then ends
-    in one error line naming the likely cause and the flags to try (exit 1: sys.exit's message);
-    one epoch above 0 (by 1e-9) ends as usual."""
+    in one error line naming what ended it, --epochs 3 or (with --epochs 4) early stopping after
+    two epochs without a better one, and the flags to try (exit 1: sys.exit's message); one epoch
+    above 0 (by 1e-9) ends as usual."""
     line = train.evaluate_dev
     monkeypatch.setattr(train, 'evaluate_dev', lambda run, epoch, *a: {
         **line(run, epoch, *a), 'dev_macro_f1': macro[epoch]})
     out = tmp_path / 'run'
     try:
-        train.main(FAST + ['--epochs', '3', '--out', str(out)])
+        train.main(FAST + flags + ['--out', str(out)])
         code = None
     except SystemExit as e:
         code = e.code
@@ -427,7 +445,9 @@ def test_the_tiny_model_and_the_demo_take_their_own_defaults_and_a_given_flag_wi
 @pytest.mark.parametrize('argv, message', [
     (['--data', '{t}/data', '--model', 'tiny', '--device', 'cpu'],
      '{t}/data/toy_val.json:3: malformed JSON'),
-    (['--data', str(ROOT / 'README.md')], f'{ROOT}/README.md: Not a directory'),
+    (['--data', str(ROOT / 'README.md')], f'--data {ROOT}/README.md: not wos, nyt, rcv1, demo or '
+     'a folder'),
+    (['--data', 'wso'], '--data wso: not wos, nyt, rcv1, demo or a folder'),  # a misspelt name
     (FAST + ['--model', '{t}/nope'], "could not load model '{t}/nope' (not a local folder"),
     (FAST + ['--model', '{run}/best'], "model '{run}/best': "),  # a checkpoint: not pretrained
     (FAST + ['--max-length', '5'], 'max_length 5 leaves -4 text tokens (at most 512 positions)'),
