@@ -1,12 +1,11 @@
-"""The data sets (WOS as HPT builds it, HiAGM/HPT folders such as NYT and RCV1-V2, a demo), the
-pretrained model that a run starts from, and the user's files, read."""
+"""The data sets (WOS as HPT builds it, HiAGM/HPT folders such as NYT and RCV1-V2, a demo) and the
+user's files, read."""
 import io
 import json
 import math
 import os
 import re
 import sys
-import tempfile
 import zipfile
 from collections import Counter
 from pathlib import Path
@@ -396,69 +395,3 @@ def train_part(docs, fraction, seed):
     # The count is rounded up, after rounding off float error: 0.07 * 1200 is 84.00000000000001.
     n = math.ceil(round(fraction * len(keep), 9))
     return [docs[i] for i in sorted(keep[:n])]
-
-
-# The pretrained model that a run starts from
-
-def tiny_bert(texts, max_words=8000):
-    """Return a 2-layer, 128-wide BERT with the words of `texts` as vocabulary (no download)."""
-    from tokenizers.normalizers import BertNormalizer
-    from transformers import AutoModelForMaskedLM, BertConfig, BertTokenizerFast
-    # The words are those that the tokenizer sees: its normalizer, that of
-    # BertTokenizerFast(do_lower_case=True), lower-cases, strips accents and spaces out CJK
-    # characters, so that 'Économie' is the word-piece 'economie', not [UNK].
-    normalize = BertNormalizer(lowercase=True).normalize_str
-    counts = Counter(w for t in texts for w in re.findall(r"\w+|[^\w\s]", normalize(t)))
-    vocab = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] + [
-        w for w, _ in counts.most_common(max_words)]
-    with tempfile.TemporaryDirectory() as folder:  # transformers 4 reads vocabularies from files.
-        path = Path(folder, 'vocab.txt')
-        path.write_text('\n'.join(vocab) + '\n', encoding='utf-8')
-        tokenizer = BertTokenizerFast(str(path), do_lower_case=True)
-    config = BertConfig(vocab_size=len(vocab), hidden_size=128, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=256, max_position_embeddings=512)
-    return AutoModelForMaskedLM.from_config(config), tokenizer  # As runs.load_checkpoint builds it.
-
-
-def load_pretrained(name):
-    """Return (fp32 masked LM, tokenizer) of a BERT-style model, a local folder or a hub id. One
-    without all the encoder's weights is refused, since random ones would train, silently."""
-    from safetensors import SafetensorError
-    from transformers import AutoModelForMaskedLM, AutoTokenizer, logging
-    name, verbosity = os.path.expanduser(name), logging.get_verbosity()  # Hub ids have no '~'.
-    if os.path.isdir(name):
-        for f in os.scandir(name):  # safetensors would say 'No such file' of an unreadable one.
-            if f.is_file():
-                open(f.path, 'rb').close()
-        files = set(os.listdir(name))  # transformers' own message would be of sentencepiece.
-        if 'config.json' not in files or not files & {'tokenizer.json', 'vocab.txt'}:
-            raise ValueError(f'model {name!r}: the folder holds no ' + (
-                'config.json' if 'config.json' not in files else 'tokenizer.json or vocab.txt'))
-    # Its report of missing weights is replaced by ours below, and its bars are not a run's lines.
-    bars = logging.is_progress_bar_enabled()
-    logging.set_verbosity_error()
-    logging.disable_progress_bar()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
-        mlm, info = AutoModelForMaskedLM.from_pretrained(
-            name, trust_remote_code=False, output_loading_info=True)
-    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:
-        hint = ('' if os.path.isdir(name) else
-                ' (not a local folder; offline, pass a local folder or --model tiny)')
-        why = ' '.join(f'{type(e).__name__}: {e}'.split())  # One line, as runs.one_line's
-        raise ValueError(f'could not load model {name!r}{hint}: {why}') from None
-    finally:
-        logging.set_verbosity(verbosity)
-        if bars:
-            logging.enable_progress_bar()
-    # The encoder's weights must all be there; the MLM head's may be missing.
-    missing = sorted(k for k in info['missing_keys'] if not k.startswith('cls.'))
-    if missing:
-        raise ValueError(f'model {name!r}: {len(missing)} encoder weights missing ({missing[0]}, '
-                         '...): not a pretrained masked LM (to continue a run: train.py --resume; '
-                         'to score a checkpoint: evaluate.py --ckpt)')
-    if info['missing_keys']:  # all-MiniLM-L6-v2 is one such model.
-        print(f'warning: model {name!r} has no MLM-head weights: the head starts random',
-              file=sys.stderr)
-    return mlm.float(), tokenizer  # fp32 even from fp16 files: autocast does the rest.
-

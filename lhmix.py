@@ -3,15 +3,21 @@ be copied alone. Sec. 3, then Sec. 4 (Eqs. 1-7), then what is not LH-Mix: Table 
 feeding the model, ZMLCE fused in Triton (Eqs. 2, 8). speed.py, beside it, makes GPU steps fast.
 
 The API (__all__), in order: Hierarchy (the label tree, Sec. 3.1); template (the prompt, Sec. 3.2);
-Classifier, LHMix (the prompt-tuned masked LM: model(**batch) -> (loss, lambda)), build_model;
-zmlce, plain_zmlce, FusedZMLCE (Eq. 2); local_hierarchy_ids, local_hierarchy_table,
-use_local_hierarchies (Sec. 4.1); hierarchy_similarity, mixup_ratio, mix_hidden (Eqs. 3-5);
-vanilla_mixup_ratio (Table 3's + Mixup); training_loss (Eqs. 2-7); FlatBERT, ARCHS (Table 3's
-flat BERT; the models by `arch`); tokenize, pad_rows, make_batch, mask_tokens, autocast (to feed
-the model); score_documents (every label's score, (N, V): > 0 is predicted).
+FAMILIES (the masked LMs it takes); Classifier, LHMix (the prompt-tuned masked LM: model(**batch)
+-> (loss, lambda)), build_model; zmlce, plain_zmlce, FusedZMLCE (Eq. 2); local_hierarchy_ids,
+local_hierarchy_table, use_local_hierarchies (Sec. 4.1); hierarchy_similarity, mixup_ratio,
+mix_hidden (Eqs. 3-5); vanilla_mixup_ratio (Table 3's + Mixup); training_loss (Eqs. 2-7);
+FlatBERT, ARCHS (Table 3's flat BERT; the models by `arch`); load_pretrained, tiny_bert (the
+masked LM a run starts from); tokenize, pad_rows, make_batch, mask_tokens, autocast (to feed the
+model); score_documents (every label's score, (N, V): > 0 is predicted).
 """
 import math
+import os
+import re
+import sys
+import tempfile
 import warnings
+from collections import Counter
 
 import numpy as np
 import torch
@@ -24,11 +30,12 @@ try:
 except ImportError:  # Without Triton, ZMLCE runs as plain torch operations everywhere.
     triton = None
 
-__all__ = ['Hierarchy', 'template', 'Classifier', 'LHMix', 'build_model', 'zmlce', 'plain_zmlce',
-           'FusedZMLCE', 'local_hierarchy_ids', 'local_hierarchy_table', 'use_local_hierarchies',
-           'hierarchy_similarity', 'mixup_ratio', 'mix_hidden', 'vanilla_mixup_ratio',
-           'training_loss', 'FlatBERT', 'ARCHS', 'tokenize', 'pad_rows', 'make_batch',
-           'mask_tokens', 'autocast', 'score_documents']
+__all__ = ['Hierarchy', 'template', 'FAMILIES', 'Classifier', 'LHMix', 'build_model', 'zmlce',
+           'plain_zmlce', 'FusedZMLCE', 'local_hierarchy_ids', 'local_hierarchy_table',
+           'use_local_hierarchies', 'hierarchy_similarity', 'mixup_ratio', 'mix_hidden',
+           'vanilla_mixup_ratio', 'training_loss', 'FlatBERT', 'ARCHS', 'load_pretrained',
+           'tiny_bert', 'tokenize', 'pad_rows', 'make_batch', 'mask_tokens', 'autocast',
+           'score_documents']
 
 # Sec. 3: the label tree, the hierarchical prompt, the verbalizer (Eq. 1) and ZMLCE (Eq. 2)
 
@@ -84,21 +91,50 @@ def template(num_depths, cls_id, sep_id, depth_ids, slot_id):
     return [cls_id] + [t for d in range(num_depths) for t in (depth_ids[d], slot_id)] + [sep_id]
 
 
+# The masked LMs (AutoModelForMaskedLM) that Classifier takes, by config.model_type: the MLM head's
+# modules before its decoder (Eq. 1's f^d: names in the model, or a module for a function that
+# the head calls), the config's dropout (the flat BERT's), whether positions count from the
+# padding id + 1 (RoBERTa's), and why packed rows (speed.py) do not fit it, if they do not. Each
+# gives what BERT gives: base_model(input_ids, attention_mask, position_ids=...)'s
+# last_hidden_state, a decoder (get_output_embeddings) tied to the input embeddings, and a config
+# with initializer_range, hidden_size, max_position_embeddings and pad_token_id.
+BERT = (('cls.predictions.transform',), 'hidden_dropout_prob', False, None)
+ROBERTA = (('lm_head.dense', nn.GELU(), 'lm_head.layer_norm'), 'hidden_dropout_prob', True, None)
+FAMILIES = {'bert': BERT, 'roberta': ROBERTA, 'xlm-roberta': ROBERTA, 'camembert': ROBERTA,
+            'deberta-v2': BERT[:3] + ("its attention is its own, not transformers' interface",),
+            'modernbert': (('head',), 'classifier_dropout', False,
+                           'some of its layers attend within a window, which packing ignores'),
+            'distilbert': (('vocab_transform', 'activation', 'vocab_layer_norm'), 'dropout',
+                           False, None)}
+
+
+def _family(config):
+    """FAMILIES' row of a masked LM's config; another kind is refused, in one line."""
+    if config.model_type not in FAMILIES or not getattr(config, 'legacy', True):
+        raise ValueError(f'a {config.model_type!r} model: LH-Mix takes a masked LM of '
+                         f'{", ".join(FAMILIES)} (DeBERTa with its legacy head, the default)')
+    return FAMILIES[config.model_type]
+
+
 class Classifier(nn.Module):
-    """LHMix's and FlatBERT's frame: the encoder reads `prefix text [SEP]`; slot d's state scores
-    row d of `valid`. A subclass gives make_head, score, loss, `arch` (its checkpoints' name),
-    `mlm_term` (trained with HPT's MLM term) and `depth_ids` (local hierarchies' depth tokens).
-    Both mix by LH-Mix (Table 3's BERT + LH-Mix), so the local hierarchies' table is here."""
+    """LHMix's and FlatBERT's frame: the encoder, a masked LM of FAMILIES, reads `prefix text
+    [SEP]`; slot d's state scores row d of `valid`. A subclass gives make_head, score, loss,
+    `arch` (its checkpoints' name), `mlm_term` (trained with HPT's MLM term) and `depth_ids`
+    (local hierarchies' depth tokens). Both mix by LH-Mix (Table 3's BERT + LH-Mix), so the
+    local hierarchies' table is here."""
 
     def __init__(self, mlm, hierarchy, base_vocab, special, max_length=512):
         super().__init__()
+        self.family = _family(mlm.config)
+        # The first position's id: a packed row's positions (speed.py) start there.
+        self.first_position = mlm.config.pad_token_id + 1 if self.family[2] else 0
         self.mlm, self.hierarchy, self.base_vocab = mlm, hierarchy, base_vocab
         self.special, self.max_length = special, max_length  # special: cls, sep, pad, mask ids
         self.prefix, slot_id, valid = self.make_head()
         self.register_buffer('valid', valid, persistent=False)
         slots = [i for i, t in enumerate(self.prefix) if t == slot_id]
         self.register_buffer('slot_offsets', torch.tensor(slots), persistent=False)
-        n = mlm.config.max_position_embeddings
+        n = mlm.config.max_position_embeddings - self.first_position
         if not 0 < self.text_budget(max_length) or max_length > n:
             raise ValueError(f'max_length {max_length} leaves {self.text_budget(max_length)} text '
                              f'tokens (at most {n} positions): give {len(self.prefix) + 2} to {n}')
@@ -107,8 +143,9 @@ class Classifier(nn.Module):
         self.alpha = self.beta = None
 
     def name_ids(self, tokenizer):
-        """Each label name's word-pieces; a name that has none is [UNK]."""
-        return [tokenizer(name, add_special_tokens=False)['input_ids']
+        """Each label name's word-pieces as in a text, after a space (a byte-level BPE's 'Ġname',
+        not its 'name' of a text's start); a name that has none is [UNK]."""
+        return [tokenizer(' ' + name, add_special_tokens=False)['input_ids']
                 or [tokenizer.unk_token_id] for name in self.hierarchy.names]
 
     def text_budget(self, max_length):
@@ -146,12 +183,11 @@ class LHMix(Classifier):
         tree, D, mlm = self.hierarchy, self.hierarchy.num_depths, self.mlm
         self.depth_ids = [self.base_vocab + len(tree) + d for d in range(D)]
         self.slot_id = self.base_vocab + len(tree) + D
-        if not hasattr(mlm, 'cls'):
-            raise ValueError(f'{type(mlm).__name__}: not a BERT-style masked LM (cls.predictions)')
         if mlm.get_input_embeddings().num_embeddings != self.slot_id + 1:
             # The new rows are left for initialize() to set, not averaged.
             mlm.resize_token_embeddings(self.slot_id + 1, mean_resizing=False)
-        self.transform = mlm.cls.predictions.transform  # Eq. 1's f^d: the MLM head's transform
+        self.transform = nn.Sequential(*(  # Eq. 1's f^d: the MLM head's transform (FAMILIES)
+            mlm.get_submodule(m) if isinstance(m, str) else m for m in self.family[0]))
         self.label_bias = nn.Parameter(torch.zeros(len(tree)))
         prefix = template(  # @prompt
             D, self.special['cls'], self.special['sep'], self.depth_ids, self.slot_id)
@@ -193,9 +229,9 @@ def build_model(mlm, tokenizer, hierarchy, arch, max_length=512):
     one line, of the labels whose names give no word-piece but [UNK], and why."""
     special = {k: getattr(tokenizer, f'{k}_token_id') for k in ('cls', 'sep', 'pad', 'mask')}
     model = ARCHS[arch](mlm, hierarchy, len(tokenizer), special, max_length)
-    pieces = [tokenizer(n, add_special_tokens=False)['input_ids'] for n in hierarchy.names]
-    unk = {v: "the vocabulary has none of its name's words" if p else
-           'its name holds no word' for v, p in zip(hierarchy.labels, pieces)
+    unk = {v: "the vocabulary has none of its name's words" if n.strip() else
+           'its name holds no word' for v, n, p in zip(
+               hierarchy.labels, hierarchy.names, model.name_ids(tokenizer))
            if set(p) <= {tokenizer.unk_token_id}}  # Each with its cause.
     if unk:
         warnings.warn(f'labels whose names give only [UNK] start alike and are alike in local '
@@ -341,7 +377,7 @@ class FlatBERT(Classifier):
     def make_head(self):
         """Return ([CLS], [CLS] its slot, every label valid there); make HGCLR's classifier."""
         cls = self.special['cls']
-        self.dropout = nn.Dropout(self.mlm.config.hidden_dropout_prob)
+        self.dropout = nn.Dropout(getattr(self.mlm.config, self.family[1]))
         self.classifier = nn.Linear(self.mlm.config.hidden_size, len(self.hierarchy))
         return [cls], cls, torch.ones(1, len(self.hierarchy), dtype=torch.bool)
 
@@ -362,6 +398,81 @@ class FlatBERT(Classifier):
 
 
 ARCHS = {m.arch: m for m in (LHMix, FlatBERT)}  # build_model's `arch`; runs.py's checkpoints
+
+
+# Not in the paper: the masked LM that a run starts from
+
+def tiny_bert(texts, max_words=8000):
+    """Return a 2-layer, 128-wide BERT with the words of `texts` as vocabulary (no download)."""
+    from tokenizers.normalizers import BertNormalizer
+    from transformers import AutoModelForMaskedLM, BertConfig, BertTokenizerFast
+    # The words are those that the tokenizer sees: its normalizer, that of
+    # BertTokenizerFast(do_lower_case=True), lower-cases, strips accents and spaces out CJK
+    # characters, so that 'Économie' is the word-piece 'economie', not [UNK].
+    normalize = BertNormalizer(lowercase=True).normalize_str
+    counts = Counter(w for t in texts for w in re.findall(r"\w+|[^\w\s]", normalize(t)))
+    vocab = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] + [
+        w for w, _ in counts.most_common(max_words)]
+    with tempfile.TemporaryDirectory() as folder:  # transformers 4 reads vocabularies from files.
+        path = os.path.join(folder, 'vocab.txt')
+        with open(path, 'w', encoding='utf-8') as f:
+            f.write('\n'.join(vocab) + '\n')
+        tokenizer = BertTokenizerFast(path, do_lower_case=True)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=128, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=256, max_position_embeddings=512)
+    return AutoModelForMaskedLM.from_config(config), tokenizer  # As runs.load_checkpoint builds it.
+
+
+# A folder's tokenizer: tokenizer.json; BERT's vocab.txt; RoBERTa's vocab.json; SentencePiece's
+# model (DeBERTa-v3's, XLM-R's and CamemBERT's), which the sentencepiece package reads.
+TOKENIZERS = {'tokenizer.json', 'vocab.txt', 'vocab.json', 'spm.model', 'sentencepiece.bpe.model'}
+
+
+def load_pretrained(name):
+    """Return (fp32 masked LM, tokenizer) of FAMILIES, a local folder or a hub id. Another kind is
+    refused before its weights are read; one without all its encoder's weights too, since random
+    ones would train, silently."""
+    from safetensors import SafetensorError
+    from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer, logging
+    name, verbosity = os.path.expanduser(name), logging.get_verbosity()  # Hub ids have no '~'.
+    if os.path.isdir(name):
+        for f in os.scandir(name):  # safetensors would say 'No such file' of an unreadable one.
+            if f.is_file():
+                open(f.path, 'rb').close()
+        files = set(os.listdir(name))  # transformers' own message would be of sentencepiece.
+        if 'config.json' not in files or not files & TOKENIZERS:
+            raise ValueError(f'model {name!r}: the folder holds no ' + (
+                'config.json' if 'config.json' not in files else ' or '.join(sorted(TOKENIZERS))))
+    # Its report of missing weights is replaced by ours below, and its bars are not a run's lines.
+    bars = logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        config = AutoConfig.from_pretrained(name, trust_remote_code=False)
+        if config.model_type in FAMILIES:  # Another kind is refused below, unread.
+            tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
+            mlm, info = AutoModelForMaskedLM.from_pretrained(
+                name, trust_remote_code=False, output_loading_info=True)
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:
+        hint = ('' if os.path.isdir(name) else
+                ' (not a local folder; offline, pass a local folder or --model tiny)')
+        raise ValueError(f"could not load model {name!r}{hint}: {type(e).__name__}: "
+                         + ' '.join(str(e).split())) from None
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
+    _family(config)
+    # The encoder's weights must all be there; the MLM head's may be missing.
+    missing = sorted(k for k in info['missing_keys'] if k.startswith(mlm.base_model_prefix + '.'))
+    if missing:
+        raise ValueError(f'model {name!r}: {len(missing)} encoder weights missing ({missing[0]}, '
+                         '...): not a pretrained masked LM (to continue a run: train.py --resume; '
+                         'to score a checkpoint: evaluate.py --ckpt)')
+    if info['missing_keys']:  # all-MiniLM-L6-v2 is one such model.
+        print(f'warning: model {name!r} has no MLM-head weights: the head starts random',
+              file=sys.stderr)
+    return mlm.float(), tokenizer  # fp32 even from fp16 files: autocast does the rest.
 
 
 # Not in the paper: tokens, batches and prediction

@@ -9,7 +9,7 @@ themselves only; whole steps replayed from CUDA graphs, where use_cuda_graphs() 
     pad_for_graphs(batch, rate)   the MLM term's positions padded to a count per batch shape
     to_device(batch, device)      a batch moved to a GPU without a host sync
     make_optimizer(model, lr, capturable)   Adam, fused on a GPU, ready for CUDA graphs
-    use_cuda_graphs(device), CUDAGraphs(fn)   steps replayed from CUDA graphs, where they run
+    use_cuda_graphs(device, model), CUDAGraphs(fn)   steps replayed from CUDA graphs, where they run
 """
 import math
 import sys
@@ -85,16 +85,18 @@ def epoch_batches(model, tokens, labels, batch_size, rng, device, mlm_rate=0.0, 
             model, [tokens[i] for i in idx], [labels[i] for i in idx], rng, mlm_rate, partner,
             None if hierarchy_ids is None else hierarchy_ids[idx], mix_alpha)
         if graphed:
-            batch = pad_for_graphs(pack_row(batch, model.special['pad']) if mixing else batch,
-                                   mlm_rate)
+            if mixing:
+                batch = pack_row(batch, model.special['pad'], model.first_position)
+            batch = pad_for_graphs(batch, mlm_rate)
         yield to_device(batch, device)
 
 
-def pack_row(batch, pad_id):
+def pack_row(batch, pad_id, first=0):
     """lhmix.make_batch's padded `batch`, all in one row, a multiple of PACKED long: input_ids,
-    position_ids, token_type_ids (the encoder's default ones stop at its positions),
-    cu_seq_lens_q (each document's start, then the padding's start, a document of its own, then
-    the row's end), `starts` (each document's first position) and its masked positions there."""
+    position_ids (each document's from `first`, the model's first_position), token_type_ids (the
+    encoder's default ones stop at its positions), cu_seq_lens_q (each document's start, then the
+    padding's start, a document of its own, then the row's end), `starts` (each document's first
+    position) and its masked positions there."""
     mask = batch['attention_mask'].bool()
     n, ends = int(mask.sum()), F.pad(mask.sum(1).cumsum(0), (1, 0))
     T = (n // PACKED + 1) * PACKED  # At least one padding token ends the row.
@@ -102,9 +104,9 @@ def pack_row(batch, pad_id):
     if 'mlm_pos' in batch:  # A position of the padded batch, in the row
         row['mlm_pos'] = (mask.flatten().cumsum(0) - 1)[batch['mlm_pos']]
     ids = F.pad(batch['input_ids'][mask], (0, T - n), value=pad_id)[None]
-    return {**row, **dict(input_ids=ids, position_ids=F.pad(mask.cumsum(1)[mask] - 1, (0, T - n))[
-        None], token_type_ids=torch.zeros_like(ids), cu_seq_lens_q=F.pad(ends, (0, 1), value=T),
-        starts=ends[:-1])}
+    pos = F.pad(mask.cumsum(1)[mask] - 1 + first, (0, T - n))[None]
+    return {**row, **dict(input_ids=ids, position_ids=pos, token_type_ids=torch.zeros_like(ids),
+                          cu_seq_lens_q=F.pad(ends, (0, 1), value=T), starts=ends[:-1])}
 
 
 def pad_for_graphs(batch, rate):
@@ -143,17 +145,21 @@ def make_optimizer(model, lr, capturable, state=None):
     return opt, scaler
 
 
-def use_cuda_graphs(device, eager=False):
-    """Whether train.py's steps run from CUDA graphs on `device`: where they can, unless `eager`.
-    On a GPU where they cannot, it says why: fp16 (no bf16) needs a loss scaler, which syncs, and
-    so does transformers 4's encoder."""
+def use_cuda_graphs(device, model, eager=False):
+    """Whether train.py's steps run from CUDA graphs on `device`: where they can, unless `eager`;
+    then the model attends per document in packed rows (use_packed_rows). On a GPU where they
+    cannot, it says why: fp16 (no bf16) needs a loss scaler, which syncs, and so does
+    transformers 4's encoder; a family that packed rows do not fit (lhmix.FAMILIES) pads them."""
     if device.type != 'cuda' or eager:
         return False
     why_not = ('no bf16 on this GPU' if not torch.cuda.is_bf16_supported() else
-               None if TRANSFORMERS_5 else 'transformers 4 syncs inside the encoder')
+               'transformers 4 syncs inside the encoder' if not TRANSFORMERS_5 else
+               model.family[3] and f'{model.mlm.config.model_type}: {model.family[3]}')
     if why_not:
         print(f'CUDA graphs off: {why_not}', file=sys.stderr)
-    return why_not is None
+    else:
+        use_packed_rows(model)
+    return not why_not
 
 
 class CUDAGraphs:

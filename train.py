@@ -146,8 +146,8 @@ def prepare(args, given, folder):
         if unseen:  # Scored all the same, they weigh on macro-F1 as any other label.
             print(f'warning: labels in dev or test but in no training document: {len(unseen)} ('
                   + ', '.join(unseen[:5]) + ', ...' * (len(unseen) > 5) + ')', file=sys.stderr)
-        mlm, tokenizer = (data.tiny_bert([t for t, _ in used['train']] + hierarchy.names)
-                          if args.model == 'tiny' else data.load_pretrained(args.model))
+        mlm, tokenizer = (lhmix.tiny_bert([t for t, _ in used['train']] + hierarchy.names)
+                          if args.model == 'tiny' else lhmix.load_pretrained(args.model))
         model = lhmix.build_model(mlm, tokenizer, hierarchy, args.arch, args.max_length)
         if isinstance(model, lhmix.LHMix):  # The verbalizer as it starts: tools/similar.py
             state['extra']['labels_at_init'] = model.label_embeddings().detach().clone()
@@ -241,12 +241,10 @@ def fit(run):
                 model, run.tokenizer, run.gold['train'])
             print(f"{len(extra['table'])} distinct local hierarchies encoded")
         lhmix.use_local_hierarchies(model, extra['table'], args.alpha, args.beta)
-    graphed = speed.use_cuda_graphs(args.device, eager=args.no_cuda_graphs)
+    graphed = speed.use_cuda_graphs(args.device, model, args.no_cuda_graphs)
     opt, scaler = speed.make_optimizer(model, args.lr, graphed, run.adam)
     step = functools.partial(train_step, model, opt, scaler)
-    if graphed:
-        speed.use_packed_rows(model)
-        step = speed.CUDAGraphs(step)
+    step = speed.CUDAGraphs(step) if graphed else step
     steps = -(-len(run.tokens['train']) // args.batch)
     with tqdm(total=steps * max(args.epochs - len(run.history), 0), disable=None) as bar:
         for epoch in range(len(run.history), args.epochs):

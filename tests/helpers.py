@@ -25,7 +25,7 @@ PERCENTS = ('0', '5', '25', '50', '75', '95', '100')  # metrics.jsonl's lambda q
 
 def tiny_model(h, arch='prompt', max_length=512):
     """An LHMix on a tiny BERT whose vocabulary is TEXTS' and the label names' words."""
-    mlm, tok = data.tiny_bert(TEXTS + h.names)
+    mlm, tok = lhmix.tiny_bert(TEXTS + h.names)
     return lhmix.build_model(mlm, tok, h, arch, max_length), tok
 
 

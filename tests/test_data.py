@@ -52,7 +52,7 @@ def test_unreadable_files_name_the_file_and_why(tmp_path):
     for folder in ('a', 'b'):
         write_hiagm(tmp_path / folder)
     runs.save_checkpoint(str(tmp_path / 'ck'), *tiny(), {})
-    for part in data.tiny_bert(TEXTS):  # the model and its tokenizer
+    for part in lhmix.tiny_bert(TEXTS):  # the model and its tokenizer
         part.save_pretrained(tmp_path / 'model')
     cases = [('a', 'toy_train.json', 'data.load_data'), ('b', 'toy.taxonomy', 'data.load_data'),
              ('ck', runs.WEIGHTS, 'runs.load_checkpoint'),
@@ -496,7 +496,7 @@ def test_tiny_bert_vocabulary_is_the_words_its_tokenizer_sees():
     """The words of texts and label names as BERT's uncased normalizer leaves them: lower-cased,
     accents stripped, a CJK character a word; most frequent first, ties in order of appearance."""
     texts = ['La lumière, la RÉFRACTION!', 'réfraction 日本']
-    mlm, tok = data.tiny_bert(texts + ['Économie', 'Mathématiques'])  # two label names
+    mlm, tok = lhmix.tiny_bert(texts + ['Économie', 'Mathématiques'])  # two label names
     words = ['la', 'refraction', 'lumiere', ',', '!', '日', '本', 'economie', 'mathematiques']
     assert tok.convert_ids_to_tokens(list(range(len(tok)))) == [
         '[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] + words
@@ -507,29 +507,29 @@ def test_tiny_bert_vocabulary_is_the_words_its_tokenizer_sees():
 
 
 def test_a_pretrained_model_must_bring_its_config_tokenizer_and_encoder(tmp_path, capsys):
-    mlm, tok = data.tiny_bert(TEXTS)
+    mlm, tok = lhmix.tiny_bert(TEXTS)
     for x in (mlm.base_model, tok):  # an encoder without the MLM head, as all-MiniLM-L6-v2
         x.save_pretrained(tmp_path / 'encoder')
     from transformers.utils import logging
     assert logging.is_progress_bar_enabled() and capsys.readouterr()  # save_pretrained's bars
-    data.load_pretrained(str(tmp_path / 'encoder'))
+    lhmix.load_pretrained(str(tmp_path / 'encoder'))
     # No 'Loading weights' bar among a run's lines, and the bars are on again for the caller.
     assert capsys.readouterr().err == (
         f"warning: model '{tmp_path / 'encoder'}' has no MLM-head weights: the head starts "
         'random\n') and logging.is_progress_bar_enabled()
     ck = tmp_path / 'ck'  # an LH-Mix checkpoint
     runs.save_checkpoint(str(ck), *tiny(), {})
-    msg = error(lambda: data.load_pretrained(str(ck)))
+    msg = error(lambda: lhmix.load_pretrained(str(ck)))
     tail = ('embeddings.LayerNorm.bias, ...): not a pretrained masked LM (to continue a run: '
             'train.py --resume; to score a checkpoint: evaluate.py --ckpt)')
     assert re.fullmatch(re.escape(f"model '{ck}': 37 encoder weights missing (") + r'(bert\.)?'
                         + re.escape(tail), msg), msg  # transformers 4 names them without bert.
     (tmp_path / 'empty').mkdir()  # transformers' own message would be of sentencepiece
-    assert error(lambda: data.load_pretrained(str(tmp_path / 'empty'))) == \
+    assert error(lambda: lhmix.load_pretrained(str(tmp_path / 'empty'))) == \
         f"model '{tmp_path / 'empty'}': the folder holds no config.json"
     for name in ('tokenizer.json', 'vocab.txt'):  # transformers 4 writes both, 5 the first
         (tmp_path / 'encoder' / name).unlink(missing_ok=True)
-    assert error(lambda: data.load_pretrained(str(tmp_path / 'encoder'))) == \
+    assert error(lambda: lhmix.load_pretrained(str(tmp_path / 'encoder'))) == \
         f"model '{tmp_path / 'encoder'}': the folder holds no tokenizer.json or vocab.txt"
 
 

@@ -23,7 +23,7 @@ def _run_steps(model, docs, labels, ids, device, mix, graphs, steps=10):
     step = functools.partial(train.train_step, model, opt, scaler)
     step = speed.CUDAGraphs(step) if graphs else step
     if graphs:
-        speed.use_packed_rows(model)
+        speed.use_cuda_graphs(device, model)
     model.train()
     losses = []
     for _ in range(2):  # two epochs' batches
@@ -47,10 +47,10 @@ def test_a_run_on_the_gpu_and_its_resumption(tmp_path):
 @pytest.mark.parametrize('mix', [False, True])
 def test_cuda_graph_steps_match_eager_on_gpu_bf16(mix):
     device = torch.device('cuda')
-    if not speed.use_cuda_graphs(device):
-        pytest.skip('CUDA graphs do not run on this GPU')
     torch.manual_seed(0)
     model, _ = tiny_model(lhmix.Hierarchy(PARENTS))
+    if not speed.use_cuda_graphs(device, model):
+        pytest.skip('CUDA graphs do not run on this GPU')
     for m in model.modules():  # no dropout: the two runs draw no random masks
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0

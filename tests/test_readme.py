@@ -98,7 +98,7 @@ def test_the_checkpoint_example_runs_as_a_file_in_the_repository_folder(tmp_path
     block, = [b for b in re.findall(r'```python\n(.*?)```', text, re.S) if 'load_checkpoint' in b]
     env = repository(tmp_path)
     h, splits = data.load_demo()
-    mlm, tokenizer = data.tiny_bert([t for t, _ in splits['train']] + h.names)
+    mlm, tokenizer = lhmix.tiny_bert([t for t, _ in splits['train']] + h.names)
     model = lhmix.build_model(mlm, tokenizer, h, 'prompt', max_length=128)
     with torch.no_grad():
         model.label_bias.fill_(-20.0)

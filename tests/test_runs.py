@@ -138,7 +138,7 @@ def test_damaged_checkpoint_one_line(saved, tmp_path, damage, ask, message):
 
 def test_no_code_from_a_checkpoint_or_model_folder_runs(saved, tmp_path):
     ck, model = shutil.copytree(saved, tmp_path / 'ck'), tmp_path / 'model'
-    for x in data.tiny_bert(TEXTS):
+    for x in lhmix.tiny_bert(TEXTS):
         x.save_pretrained(model)
     for folder in (ck, model):  # auto_map: transformers' way to ask for the folder's code
         (folder / 'evil.py').write_text(f"open({str(tmp_path / 'ran')!r}, 'w')\nclass X: pass\n")
@@ -148,7 +148,7 @@ def test_no_code_from_a_checkpoint_or_model_folder_runs(saved, tmp_path):
                 'AutoConfig': 'evil.X', 'AutoModelForMaskedLM': 'evil.X',
                 'AutoTokenizer': ['evil.X', 'evil.X']}}))
     runs.load_checkpoint(str(ck))
-    data.load_pretrained(str(model))
+    lhmix.load_pretrained(str(model))
     assert not (tmp_path / 'ran').exists()
 
 

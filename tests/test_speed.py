@@ -107,7 +107,8 @@ def test_cuda_graphs_run_on_a_gpu_with_bf16_and_transformers_5_unless_eager(
     """Where they cannot run on a GPU, the reason is said once; on a CPU, or eager, nothing."""
     monkeypatch.setattr(torch.cuda, 'is_bf16_supported', lambda *a, **k: bf16)
     monkeypatch.setattr(speed, 'TRANSFORMERS_5', five)
-    assert speed.use_cuda_graphs(torch.device(device), eager) == used
+    model, _ = tiny_model(lhmix.Hierarchy(PARENTS))
+    assert speed.use_cuda_graphs(torch.device(device), model, eager) == used
     assert capsys.readouterr().err == said
 
 

@@ -84,7 +84,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tools.summary import (LEVEL, RELATIVES, ROOT, K, epochs, exit_on_error, markdown, row_name,
+from tools.summary import (LEVEL, RELATIVES, K, epochs, exit_on_error, markdown, row_name,
                            settings, welch)
 
 # + LH-Mix's alpha and beta, train.py's DEFAULTS (it imports torch; tests/test_tools.py holds

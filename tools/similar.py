@@ -13,7 +13,6 @@ import json
 
 import torch
 
-import data
 import evaluate
 import runs
 from tools.summary import K, RELATIVES

@@ -16,7 +16,6 @@ import argparse
 import contextlib
 import json
 import os
-import sys
 from dataclasses import dataclass
 
 import numpy as np
