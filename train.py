@@ -61,6 +61,7 @@ VALID = dict(lr=POSITIVE, alpha=POSITIVE, mix_alpha=POSITIVE, epochs=COUNT, earl
              train_fraction=('in (0, 1]', lambda x: 0 < x <= 1),
              seed=('in [0, 2^32)', lambda x: 0 <= x < 2 ** 32))
 MLM_RATE = 0.15  # HPT's MLM loss masks 15% of the text's word-pieces.
+SPREAD = 0.01  # LH-Mix's ratios closer than this to one another are as one ratio (fit warns).
 CONTROL = ('out', 'device', 'resume', 'overwrite', 'no_cuda_graphs')  # Not the run's settings.
 
 
@@ -140,12 +141,12 @@ def prepare(args, given, folder):
                          "differ from the run's; start a new run")
     used = {**splits, 'train': data.train_part(splits['train'], args.train_fraction, args.seed)}
     if not args.resume:
-        unseen = [hierarchy.labels[v] for v in sorted(
-            {v for s in ('dev', 'test') for _, ls in used[s] for v in ls}
-            - {v for _, ls in used['train'] for v in ls})]
+        unseen = sorted({v for s in ('dev', 'test') for _, ls in used[s] for v in ls}
+                        - {v for _, ls in used['train'] for v in ls})
         if unseen:  # Scored all the same, they weigh on macro-F1 as any other label.
             print(f'warning: labels in dev or test but in no training document: {len(unseen)} ('
-                  + ', '.join(unseen[:5]) + ', ...' * (len(unseen) > 5) + ')', file=sys.stderr)
+                  + ', '.join([hierarchy.labels[v] for v in unseen[:5]] + ['...'] * (
+                      len(unseen) > 5)) + ')', file=sys.stderr)
         mlm, tokenizer = (lhmix.tiny_bert([t for t, _ in used['train']] + hierarchy.names)
                           if args.model == 'tiny' else lhmix.load_pretrained(args.model))
         model = lhmix.build_model(mlm, tokenizer, hierarchy, args.arch, args.max_length)
@@ -241,6 +242,14 @@ def fit(run):
                 model, run.tokenizer, run.gold['train'])
             print(f"{len(extra['table'])} distinct local hierarchies encoded")
         lhmix.use_local_hierarchies(model, extra['table'], args.alpha, args.beta)
+        # Each distinct local hierarchy with the next: an encoder that sees them alike (as an
+        # untrained one does) gives every pair the same ratio, within SPREAD.
+        t = extra['table']
+        lam = lhmix.mixup_ratio(lhmix.hierarchy_similarity(t, t.roll(1, 0)), args.alpha, args.beta)
+        if len(t) > 1 and args.beta > 0.5 and lam.max() - lam.min() < SPREAD:
+            print(f'warning: LH-Mix here mixes every pair at {lam.mean():.2g}, because the initial '
+                  'encoder sees the local hierarchies alike; use a pretrained masked LM',
+                  file=sys.stderr)
     graphed = speed.use_cuda_graphs(args.device, model, args.no_cuda_graphs)
     opt, scaler = speed.make_optimizer(model, args.lr, graphed, run.adam)
     step = functools.partial(train_step, model, opt, scaler)
@@ -278,12 +287,10 @@ def test(run, started):
     if not any(h['dev_macro_f1'] for h in run.history):
         # Early stopping is named wherever it is met, even at the last epoch: more epochs would
         # end at once.
-        args = run.args
-        raise ValueError(
-            f'early stopping (--early-stop {args.early_stop}) ended the run at dev macro-F1 0: '
-            'try a larger --early-stop or --lr' if runs.since_best(run.history) >= args.early_stop
-            else f'--epochs {args.epochs} ended the run at dev macro-F1 0: try a larger --epochs '
-            'or --lr')
+        a, stop = run.args, runs.since_best(run.history) >= run.args.early_stop
+        why = f'early stopping (--early-stop {a.early_stop})' if stop else f'--epochs {a.epochs}'
+        raise ValueError(f'{why} ended the run at dev macro-F1 0: try a larger '
+                         f'{"--early-stop" if stop else "--epochs"} or --lr')
 
 
 def train(args, given):

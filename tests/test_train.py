@@ -150,6 +150,23 @@ def test_a_mixup_run_whose_epochs_end_in_its_warm_up_says_mixup_never_starts(tmp
     assert 'never starts' not in capsys.readouterr().err
 
 
+def test_lhmix_whose_ratios_cannot_spread_says_so_once(tmp_path, capsys, monkeypatch):
+    """The tiny model's untrained encoder sees every local hierarchy alike: its ratios sit within
+    SPREAD (0.01) of 0.5, and one warning says so. Neither the lambda = 0.5 control (--beta 0.5)
+    nor a table whose states differ (random, as a pretrained encoder's would) is warned of."""
+    said = ('warning: LH-Mix here mixes every pair at 0.5, because the initial encoder sees the '
+            'local hierarchies alike; use a pretrained masked LM')
+    brief_run(FAST + ['--epochs', '1', '--out', str(tmp_path / 'a')])
+    assert [x for x in capsys.readouterr().err.splitlines() if 'LH-Mix here' in x] == [said]
+    brief_run(FAST + ['--epochs', '1', '--beta', '0.5', '--out', str(tmp_path / 'b')])
+    assert 'LH-Mix here' not in capsys.readouterr().err
+    table = lhmix.local_hierarchy_table
+    monkeypatch.setattr(lhmix, 'local_hierarchy_table', lambda *a, **k: (
+        lambda t, ids: (torch.randn_like(t), ids))(*table(*a, **k)))
+    brief_run(FAST + ['--epochs', '1', '--out', str(tmp_path / 'c')])
+    assert 'LH-Mix here' not in capsys.readouterr().err
+
+
 def test_a_label_named_by_no_word_piece_is_named_in_one_warning_and_the_run_trains(tmp_path):
     """A HiAGM folder whose label x/___ has the name '   ' (underscores read as spaces): one
     warning names it, and only it, when the model is built; the run then trains and is tested
