@@ -345,7 +345,7 @@ def load_demo(seed=0, sizes=(1200, 300, 300)):
     leaves = [path.split('/') for path in DEMO_LEAVES.split()]
     parents = {label: parent for path in leaves for parent, label in zip([None] + path, path)}
     h = Hierarchy(parents)
-    words = {v: [v] + [f'{v}{c}' for c in 'abcdefg'] for v in parents}
+    words = [[v] + [f'{v}{c}' for c in 'abcdefg'] for v in h.labels]  # by label id
     rng = np.random.default_rng(seed)
 
     def doc():
@@ -354,7 +354,7 @@ def load_demo(seed=0, sizes=(1200, 300, 300)):
             other = [p for p in leaves if p[0] != chosen[0][0]]
             chosen.append(other[rng.integers(len(other))])
         labels = h.closure(h.index[p[-1]] for p in chosen)
-        topical = [w for i in labels for w in words[h.labels[i]]]
+        topical = [w for i in labels for w in words[i]]
         text = [topical[rng.integers(len(topical))] if rng.random() < 0.35
                 else f'common{rng.integers(60)}' for _ in range(int(rng.integers(20, 50)))]
         return ' '.join(text), labels
