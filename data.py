@@ -176,13 +176,13 @@ def load_wos(folder):
     if not all(len(p) for p in parts):
         raise ValueError(f'{source}: {len(rows)} rows leave a split empty (HPT splits 64/16/20 %)')
     pairs = list(zip((r[3].strip() for r in rows), hpt_areas(rows)))
-    domains = list(dict.fromkeys(d for d, _ in pairs))
-    areas = list(dict.fromkeys(pairs))
+    # Each in order of first appearance; {domain: None} is also the domains' parents.
+    domains, areas = dict.fromkeys(d for d, _ in pairs), dict.fromkeys(pairs)
     owners = Counter(a for _, a in areas)
     # data_wos.py keys labels by name, so an area named as another domain's area, or as a domain,
     # keeps its domain in its key here (the full WOS file has none).
     key = {(d, a): a if owners[a] == 1 and a not in domains else f'{a} ({d})' for d, a in areas}
-    h = Hierarchy({**dict.fromkeys(domains), **{key[p]: p[0] for p in areas}},
+    h = Hierarchy({**domains, **{key[p]: p[0] for p in areas}},
                   {**{d: d for d in domains}, **{key[p]: p[1] for p in areas}})
     docs = [(clean_str(r[6]), [h.index[d], h.index[key[d, a]]]) for r, (d, a) in zip(rows, pairs)]
     return h, {s: [docs[i] for i in idx] for s, idx in zip(('train', 'dev', 'test'), parts)}
@@ -345,7 +345,7 @@ def load_demo(seed=0, sizes=(1200, 300, 300)):
     leaves = [path.split('/') for path in DEMO_LEAVES.split()]
     parents = {label: parent for path in leaves for parent, label in zip([None] + path, path)}
     h = Hierarchy(parents)
-    words = {v: [v] + [f'{v}{c}' for c in 'abcdefg'] for v in parents}
+    words = [[v] + [f'{v}{c}' for c in 'abcdefg'] for v in h.labels]  # by label id
     rng = np.random.default_rng(seed)
 
     def doc():
@@ -354,7 +354,7 @@ def load_demo(seed=0, sizes=(1200, 300, 300)):
             other = [p for p in leaves if p[0] != chosen[0][0]]
             chosen.append(other[rng.integers(len(other))])
         labels = h.closure(h.index[p[-1]] for p in chosen)
-        topical = [w for i in labels for w in words[h.labels[i]]]
+        topical = [w for i in labels for w in words[i]]
         text = [topical[rng.integers(len(topical))] if rng.random() < 0.35
                 else f'common{rng.integers(60)}' for _ in range(int(rng.integers(20, 50)))]
         return ' '.join(text), labels

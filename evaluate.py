@@ -28,8 +28,8 @@ def f1_scores(predictions, gold, num_labels, labels=None):
     if labels is not None:
         P, G = P[:, labels], G[:, labels]
     # Per label, F1 = 2PR / (P + R) = 2 tp / (predicted + gold).
-    tp, n = 2 * (P & G).sum(0).astype(float), (P.sum(0) + G.sum(0)).astype(float)
-    per_label = np.divide(tp, n, out=np.zeros_like(tp), where=n > 0)
+    tp, n = 2 * (P & G).sum(0), P.sum(0) + G.sum(0)
+    per_label = np.divide(tp, n, out=np.zeros(len(tp)), where=n > 0)
     return {'micro_f1': float(tp.sum() / n.sum() if n.sum() else 0),
             'macro_f1': float(per_label.mean() if len(tp) else 0)}
 

@@ -123,8 +123,7 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
     the labels must be the data's. No code from the folder runs (config.json's auto_map is
     ignored)."""
     from safetensors.torch import load_file
-    from transformers import (MODEL_FOR_MASKED_LM_MAPPING, AutoConfig, AutoModelForMaskedLM,
-                              AutoTokenizer)
+    from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
 
     from lhmix import ARCHS, Hierarchy
     if os.path.isfile(folder):
@@ -143,10 +142,10 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
                      if k.startswith('extra.')}
     try:
         h = meta['hierarchy']
-        # SDPA, as the run was trained, where the family has it (DeBERTa has its own attention).
-        config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
-        mlm = AutoModelForMaskedLM.from_config(config, trust_remote_code=False, attn_implementation=(
-            'sdpa' if MODEL_FOR_MASKED_LM_MAPPING[type(config)]._supports_sdpa else 'eager'))
+        # from_config picks SDPA where the family has it, else eager (DeBERTa), as load_pretrained's
+        # from_pretrained did for the run.
+        mlm = AutoModelForMaskedLM.from_config(AutoConfig.from_pretrained(
+            folder, trust_remote_code=False), trust_remote_code=False)
         model = ARCHS[meta['arch']](
             mlm, Hierarchy(*(dict(zip(h['labels'], h[k])) for k in ('parents', 'names'))),
             meta['base_vocab'], meta['special'], meta['max_length'])
