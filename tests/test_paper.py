@@ -119,7 +119,7 @@ TERMS = {
          'seqs = [np.concatenate([model.prefix, t, ')],
     'Eq. 1': [
         ("f^d's classifier, the MLM head's transform", 'lhmix.py LHMix.make_head',
-         'self.transform = mlm.cls.predictions'),
+         'mlm.get_submodule(m) if isinstance(m, str) else m for m in self.family[0]'),
         ('V^d', 'lhmix.py LHMix.make_head', 'valid = torch.arange(1, D + 1)'),
         ('the slot states h^d', 'lhmix.py Classifier.slots',
          'hidden.flatten(0, 1)[starts[:, None] + self.slot_offsets]'),
