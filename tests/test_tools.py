@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ import lhmix
 import runs
 import train
 from helpers import ARGS, FAST, error_of, fake_run, read_metrics, tree_state
-from tools import claims, similar, summary
+from tools import bench, claims, similar, summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 
@@ -45,6 +46,20 @@ def test_bench_runs_on_a_cpu_at_tiny_sizes_and_says_its_defaults():
     assert float(rows[0][2]) == 1.0 and all(float(r[1]) > 0 for r in rows)
     assert lines[7].startswith('evaluation: ')
 
+
+
+def test_bench_takes_a_family_its_config_builds(capsys):
+    """RoBERTa's special ids are its config's (<s> 0, <pad> 1, </s> 2), and its positions, from
+    the padding id + 1, hold 512 tokens after it."""
+    model = bench.make_model(SimpleNamespace(family='roberta', size='tiny'), torch.zeros(64, 128))
+    assert type(model.mlm).__name__ == 'RobertaForMaskedLM'
+    assert model.special == {'pad': 1, 'cls': 0, 'sep': 2, 'mask': 4}
+    assert model.mlm.config.max_position_embeddings == 514
+    bench.main(['--device', 'cpu', '--family', 'roberta', '--batch', '2', '--steps', '1',
+                '--rounds', '1'])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.rsplit(None, 3)[0] for line in lines[3:7]] == [
+        'floor, eager', 'Prompt, eager', 'LH-Mix, eager', 'LH-Mix, eager, random batches']
 
 def test_settings_are_named_as_the_papers_rows():
     def names(*settings, without=()):

@@ -1,11 +1,12 @@
 """Speed of LH-Mix against the bare encoder it sits on, in one run on one device.
 
     python -m tools.bench            # on a GPU: bert-base sizes, WOS-like lengths (minutes)
+    python -m tools.bench --family roberta    # another family of lhmix.FAMILIES, at those sizes
     python -m tools.bench --epoch    # two graphed train.py epochs at WOS's size, Mixup on
     python -m tools.bench            # on a CPU: a smoke test at tiny sizes (about 20 s)
 
-The limit is the GPU-kernel time of the floor: the bare encoder's forward + backward + Adam.
-Weights are random: speed does not depend on them.
+The limit is the GPU-kernel time of the floor: the family's bare encoder's forward + backward +
+Adam. Weights are random: speed does not depend on them.
 """
 import argparse
 import functools
@@ -27,17 +28,36 @@ PARENTS = {f'd{i}': None for i in range(7)} | {f'a{j}': f'd{j % 7}' for j in ran
 FLOOR = ('input_ids', 'attention_mask')
 
 
-def make_model(size, table):
-    """An LHMix of a BERT of `size` with random weights, on the device of `table` (the local
-    hierarchies' [CLS] states), LH-Mix at train.py's defaults."""
-    # Imported here: importing transformers' BERT sets an environment variable (torch's).
-    from transformers import BertConfig, BertForMaskedLM
+# Beside SIZES, what each family's config needs to build at them (transformers' defaults
+# otherwise): DeBERTa-v3's attention (deberta-v3-base's: relative positions only), and
+# ModernBERT's special ids, beyond a vocabulary of SIZES', as BERT's.
+CONFIGS = {'deberta-v2': dict(relative_attention=True, position_buckets=256, share_att_key=True,
+                              norm_rel_ebd='layer_norm', pos_att_type=['p2c', 'c2p'],
+                              position_biased_input=False),
+           'modernbert': dict(pad_token_id=0, bos_token_id=2, cls_token_id=2, eos_token_id=3,
+                              sep_token_id=3)}
+SPECIAL = {'pad': 0, 'cls': 2, 'sep': 3, 'mask': 4}  # BERT's, where the config has none
+
+
+def make_model(args, table):
+    """An LHMix of a masked LM of `args.family` at `args.size` with random weights, on the device
+    of `table` (the local hierarchies' [CLS] states), LH-Mix at train.py's defaults."""
+    # Imported here: importing transformers' models sets an environment variable (torch's).
+    from transformers import AutoConfig, AutoModelForMaskedLM
     torch.manual_seed(0)
-    h, layers, heads, vocab, _, _ = SIZES[size]
-    mlm = BertForMaskedLM(BertConfig(vocab_size=vocab, hidden_size=h, num_hidden_layers=layers,
-                                     num_attention_heads=heads, intermediate_size=4 * h))
-    model = lhmix.LHMix(mlm, lhmix.Hierarchy(PARENTS), vocab,
-                        {'pad': 0, 'cls': 2, 'sep': 3, 'mask': 4}).to(table.device)
+    h, layers, heads, vocab, _, _ = SIZES[args.size]
+    sizes = dict(vocab_size=vocab, hidden_size=h, num_hidden_layers=layers,
+                 num_attention_heads=heads, intermediate_size=4 * h)
+    if args.family == 'distilbert':  # its own name for the feed-forward width
+        sizes['hidden_dim'] = sizes.pop('intermediate_size')
+    config = AutoConfig.for_model(args.family, **sizes, **CONFIGS.get(args.family, {}))
+    if lhmix.FAMILIES[args.family][2]:  # positions from the padding id + 1: 512 tokens after it
+        config.max_position_embeddings = config.pad_token_id + 1 + 512
+    # <s> and </s> (RoBERTa's) are [CLS] and [SEP]; [MASK] is no config's.
+    given = {'pad': config.pad_token_id, 'cls': config.bos_token_id, 'sep': config.eos_token_id}
+    special = SPECIAL | {k: v for k, v in given.items() if v is not None}
+    model = lhmix.LHMix(AutoModelForMaskedLM.from_config(config), lhmix.Hierarchy(PARENTS), vocab,
+                        special).to(table.device)
     d, _ = train.parse(['--data', 'wos'])  # LH-Mix at train.py's defaults
     lhmix.use_local_hierarchies(model, table, d.alpha, d.beta)
     return model
@@ -137,8 +157,8 @@ def steps(args, model, table, graphs):
     runs, by_way = {}, {}
     for way in ways:
         graphed = way == 'graphed'
-        floor = make_step(Floor(make_model(args.size, table).mlm.base_model), graphed)
-        model = make_model(args.size, table)
+        floor = make_step(Floor(make_model(args, table).mlm.base_model), graphed)
+        model = make_model(args, table)
         by_way[way] = step = make_step(model, graphed)
         for mixing in (False, True):
             # train.py's batches, the same for each way, on the CPU (timed() moves them); those
@@ -193,8 +213,11 @@ def steps(args, model, table, graphs):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--family', choices=lhmix.FAMILIES, default='bert',
+                   help="the masked LM's family (default: %(default)s)")
     p.add_argument('--size', choices=SIZES,
-                   help='bert-base or a tiny BERT (default: base on a GPU, tiny on a CPU)')
+                   help="bert-base's sizes or a tiny model's (default: base on a GPU, tiny on a "
+                        'CPU)')
     p.add_argument('--batch', type=int, default=16,
                    help="documents a step (default: %(default)s, train.py's)")
     p.add_argument('--steps', type=int,
@@ -205,16 +228,17 @@ def main(argv=None):
     p.add_argument('--epoch', action='store_true',
                    help="instead: two train.py epochs at WOS's size with Mixup (LH-Mix)")
     args = p.parse_args(argv)
-    cuda, graphs = args.device.type == 'cuda', speed.use_cuda_graphs(args.device)
+    cuda = args.device.type == 'cuda'
     args.size, args.steps, args.rounds = (args.size or ('base' if cuda else 'tiny'),
                                           args.steps or (30 if cuda else 3),
                                           args.rounds or (9 if cuda else 2))
     if min(args.batch, args.steps, args.rounds) < 1:
         p.error('--batch, --steps and --rounds must be >= 1')
     table = torch.randn(64, SIZES[args.size][0], device=args.device)  # LH-Mix's: 64 hierarchies
+    model = make_model(args, table)
+    graphs = speed.use_cuda_graphs(args.device, model)  # where off on a GPU, it says why
     print(f"{torch.cuda.get_device_name(args.device) if cuda else 'CPU'}, torch "
           f"{torch.__version__}, CUDA graphs: {'on' if graphs else 'off'}")
-    model = make_model(args.size, table)
     if args.epoch:
         epochs(args, model, graphs)
     else:
