@@ -65,9 +65,9 @@ def family_docs(n, seed):
         while parent[path[-1]] != 'Root':
             path.append(parent[path[-1]])
         pools = [FAMILY_WORDS[leaf].split(), path, SHARED]
-        docs.append((' '.join(
-            rng.choice(pools[rng.choice(3, p=[0.5, 0.2, 0.3])]) for _ in range(rng.integers(6, 11))),
-            str(leaf)))
+        words = [rng.choice(pools[rng.choice(3, p=[0.5, 0.2, 0.3])])
+                 for _ in range(rng.integers(6, 11))]
+        docs.append((' '.join(words), str(leaf)))
     return docs
 
 
@@ -75,12 +75,11 @@ FAMILY_SPLITS = {split: family_docs(n, seed) for split, n, seed in (
     ('train', 48, 0), ('val', 24, 1), ('test', 24, 2))}
 
 
-def family_folder(kind, path, texts=None):
-    """Saves tiny_family(kind) as a pretrained masked LM for train.py --model: its tokenizer
-    trained on `texts`, by default FAMILY_SPLITS' and the label names."""
+def family_folder(kind, path):
+    """Saves tiny_family(kind) in `path`, a pretrained masked LM for train.py --model, its
+    tokenizer trained on FAMILY_SPLITS' texts and the label names."""
     names = [w for line in FAMILY_TAXONOMY for w in line.split('\t')[1:]]
-    texts = texts or [t for docs in FAMILY_SPLITS.values() for t, _ in docs] + names
-    for part in tiny_family(kind, texts):
+    for part in tiny_family(kind, [t for docs in FAMILY_SPLITS.values() for t, _ in docs] + names):
         part.save_pretrained(path)
     return str(path)
 

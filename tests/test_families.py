@@ -64,7 +64,8 @@ def test_each_family_learns_and_evaluate_repeats_its_test_figures(family, capsys
                    '--out', str(root / 'evaluated.json')])
     said = re.search(r'^test: (micro-F1 \S+  macro-F1 \S+)$', capsys.readouterr().out, re.M)
     assert line.startswith(f"test {said[1]}  (best dev epoch {test['best_epoch']}, ")
-    assert said[1] == f"micro-F1 {100 * test['micro_f1']:.2f}  macro-F1 {100 * test['macro_f1']:.2f}"
+    assert said[1] == (f"micro-F1 {100 * test['micro_f1']:.2f}  "
+                       f"macro-F1 {100 * test['macro_f1']:.2f}")
     with open(root / 'evaluated.json') as f:
         assert json.load(f) == {k: test[k] for k in ('micro_f1', 'macro_f1', 'per_depth',
                                                      'by_frequency')}
