@@ -1,7 +1,8 @@
 """Tests of lhmix.py in the paper's order (Kong, Zhang & Wang, KDD 2025), then of its baseline,
 its misuse and its import. Every expected value is computed here, independently: the paper's
 formulas in float64, or worked by hand. They need lhmix.py alone, beside this file: nothing is
-downloaded, and the models are tiny BERTs built here."""
+downloaded, and the models are tiny masked LMs of each family, with tokenizers, built here."""
+import json
 import math
 import os
 import re
@@ -17,8 +18,12 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
 
 import lhmix  # noqa: E402
+import transformers  # noqa: E402
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors  # noqa: E402
+from tokenizers import trainers  # noqa: E402
 from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast  # noqa: E402
 
 PARENTS = {'Sci': None, 'Art': None, 'Sci/quantum_physics': 'Sci', 'Sci/biology': 'Sci',
@@ -39,6 +44,81 @@ def tiny_model(hierarchy, arch='prompt', max_length=512):
     mlm = BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=128, num_hidden_layers=2,
                                      num_attention_heads=2, intermediate_size=256))
     return lhmix.build_model(mlm, tok, hierarchy, arch, max_length), tok
+
+
+# Each family (lhmix.FAMILIES): its tokenizer's kind, its transformers classes' prefix, its
+# special tokens in the order of their ids, and what its config differs in from the defaults
+# below. RoBERTa's <pad> is 1, so that its positions start at 2, of 514 as in roberta-base;
+# DeBERTa's are deberta-v3-base's relative positions only.
+WORDPIECE = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]']
+ROBERTA = ['<s>', '<pad>', '</s>', '<unk>', '<mask>']
+KINDS = {'bert': ('wordpiece', 'Bert', WORDPIECE, {}),
+         'roberta': ('bpe', 'Roberta', ROBERTA, dict(max_position_embeddings=514,
+                                                     type_vocab_size=1)),
+         'xlm-roberta': ('unigram', 'XLMRoberta', ROBERTA, dict(max_position_embeddings=514,
+                                                                type_vocab_size=1)),
+         'camembert': ('unigram', 'Camembert', ROBERTA, dict(max_position_embeddings=514,
+                                                             type_vocab_size=1)),
+         'deberta-v2': ('unigram', 'DebertaV2', WORDPIECE, dict(
+             relative_attention=True, position_biased_input=False, pos_att_type=['p2c', 'c2p'],
+             norm_rel_ebd='layer_norm', share_att_key=True, position_buckets=256)),
+         'modernbert': ('bpe', 'ModernBert', WORDPIECE, {}),
+         'distilbert': ('wordpiece', 'DistilBert', WORDPIECE, dict(hidden_dim=256))}
+
+
+def tiny_family(kind, texts):
+    """Return (a random 2-layer, 128-wide masked LM of the family `kind`, as tiny_bert's, and its
+    tokenizer trained on `texts` by `tokenizers`), the same in every process. The tokenizer is of
+    the family's kind, in its fast class (ModernBERT's: PreTrainedTokenizerFast, as its hub
+    repository) with its special tokens: BERT's uncased WordPiece, its vocabulary the texts'
+    words and characters, as WordPiece's trainer breaks ties in an order that changes from
+    process to process; GPT-2's byte-level BPE; SentencePiece's Unigram ('▁' before each word),
+    its pieces sorted, their scores rounded and a character's the lowest, as the trainer's differ
+    so too."""
+    model, name, special, extra = KINDS[kind]
+    pad, unk, cls, sep, mask = (special[i] for i in (
+        (1, 3, 0, 2, 4) if special == ROBERTA else (0, 1, 2, 3, 4)))
+    if model == 'wordpiece':
+        tok = Tokenizer(models.WordPiece(unk_token=unk))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        words = sorted({w for t in texts for w, _ in tok.pre_tokenizer.pre_tokenize_str(
+            tok.normalizer.normalize_str(t))})
+        chars = sorted({c for w in words for c in w})
+        vocab = dict.fromkeys(special + chars + ['##' + c for c in chars] + words)
+        tok.model = models.WordPiece({p: i for i, p in enumerate(vocab)}, unk_token=unk)
+    elif model == 'bpe':
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.train_from_iterator(texts, trainers.BpeTrainer(
+            vocab_size=1000, special_tokens=special, show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    else:
+        tok = Tokenizer(models.Unigram())
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        # Its trainer keeps a piece only if two distinct words hold it: each word's plural too
+        # makes the words pieces, as in a vocabulary learned from much text.
+        tok.train_from_iterator(texts + [w + 's' for t in texts for w in t.split()],
+                                trainers.UnigramTrainer(vocab_size=1000, special_tokens=special,
+                                                        unk_token=unk, show_progress=False))
+        pieces = json.loads(tok.to_str())['model']['vocab'][len(special):]
+        low = round(min(s for _, s in pieces), 6)
+        tok.model = models.Unigram([(p, 0.0) for p in special] + sorted(
+            (p, low if len(p) == 1 else round(s, 6)) for p, s in pieces), special.index(unk), False)
+    tok.post_processor = processors.TemplateProcessing(  # cls $A sep, as the family's own
+        single=f'{cls} $A {sep}', special_tokens=[(t, special.index(t)) for t in (cls, sep)])
+    tokenizer = getattr(transformers, 'PreTrainedTokenizerFast' if kind == 'modernbert' else
+                        name + 'TokenizerFast')(tokenizer_object=tok, pad_token=pad,
+                                                unk_token=unk, cls_token=cls, sep_token=sep,
+                                                mask_token=mask)
+    ids = {k + '_token_id': special.index(t) for k, t in (
+        ('pad', pad), ('bos', cls), ('eos', sep), ('cls', cls), ('sep', sep))}
+    config = getattr(transformers, name + 'Config')(
+        vocab_size=len(tokenizer), hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=256, **ids, **extra)
+    with torch.random.fork_rng():  # The same weights in every process, the caller's seed kept
+        torch.manual_seed(0)
+        return transformers.AutoModelForMaskedLM.from_config(config), tokenizer
 
 
 def error(call, kind=ValueError):
@@ -626,7 +706,226 @@ def test_flat_bert_head_starts_as_hgclr_initialises_it_and_the_encoder_as_it_was
     assert torch.equal(model.classifier.bias, torch.zeros(6))
 
 
+# The masked LMs of lhmix.FAMILIES, each a tiny one with a tokenizer of its kind (tiny_family)
+
+# The texts that the families' tokenizers are trained on: TEXTS and the label names in a text, so
+# that 'Art', 'biology' and 'optics' are one token each in every family's vocabulary (byte-level
+# BPE's 'Ġname' mid-text), a label at each depth.
+FAMILY_TEXTS = TEXTS + ['Sci Art quantum physics biology jazz music optics']
+ROBERTAS = ('roberta', 'xlm-roberta', 'camembert')  # <s> ... </s>, positions from <pad> + 1
+# lhmix._family's refusal of a masked LM of another kind, by its model_type
+OTHER_KIND = ("a {!r} model: LH-Mix takes a masked LM of bert, roberta, xlm-roberta, camembert, "
+              'deberta-v2, modernbert, distilbert (DeBERTa with its legacy head, the default)')
+
+
+def family_model(kind, arch='prompt'):
+    """build_model on tiny_family(kind) and PARENTS, in eval mode, with TEXTS' word-pieces."""
+    mlm, tok = tiny_family(kind, FAMILY_TEXTS)
+    torch.manual_seed(0)
+    model = lhmix.build_model(mlm, tok, lhmix.Hierarchy(PARENTS), arch).eval()
+    return model, tok, lhmix.tokenize(tok, TEXTS, 50)[0]
+
+
+@pytest.mark.parametrize('kind', KINDS)
+def test_each_familys_prompt_is_in_its_own_special_tokens_and_positions(kind):
+    """By hand: `cls [D1] [P] [D2] [P] [D3] [P] sep` in the family's own ids (<s> 0, </s> 2 in
+    RoBERTa's, XLM-R's and CamemBERT's vocabularies here; [CLS] 2, [SEP] 3 in the others'), the
+    depth tokens and the slot after the base vocabulary and the 6 label tokens. Positions count
+    from 2 in RoBERTa's (its <pad> 1, + 1), from 0 in the others': given explicitly from
+    first_position, as in a packed row (speed.py), they are the encoder's own."""
+    model, tok, docs = family_model(kind)
+    assert model.mlm.config.model_type == kind
+    cls, sep = (0, 2) if kind in ROBERTAS else (2, 3)
+    assert tok.convert_ids_to_tokens([cls, sep]) == (
+        ['<s>', '</s>'] if kind in ROBERTAS else ['[CLS]', '[SEP]'])
+    d1, d2, d3, slot = (len(tok) + 6 + i for i in range(4))
+    assert model.prefix == [cls, d1, slot, d2, slot, d3, slot, sep]
+    assert model.first_position == (2 if kind in ROBERTAS else 0)
+    b = lhmix.make_batch(model, docs, [[0]] * 3)
+    mask = b['attention_mask'].bool()
+    T = mask.shape[1]
+    with torch.no_grad():
+        alone = model.encode(b['input_ids'], b['attention_mask'])
+        given = model.encode(b['input_ids'], b['attention_mask'], position_ids=torch.arange(
+            model.first_position, model.first_position + T).expand(3, T))
+    torch.testing.assert_close(given[mask], alone[mask])
+
+
+@pytest.mark.parametrize('kind', KINDS)
+def test_a_label_scores_what_its_familys_mlm_head_gives_its_name_less_the_decoder_bias(kind):
+    """At initialisation, a label whose name is one token t ('Art', 'biology', 'optics': depths
+    1, 2, 3) scores, at its depth's slot (2d), the family's own MLM head's logit of t there
+    (mlm(...).logits, the whole masked LM on the same input) less the head's decoder bias of t:
+    the label's row is t's input embedding, to which the decoder's weight is tied, and its label
+    bias starts at 0, where the decoder's bias is its own (made random here). t is the name's
+    word-piece as in a text, after a space (byte-level BPE's 'Ġname'). And the MLM term is the
+    cross-entropy of the same logits at the masked positions, against the original ids."""
+    model, tok, docs = family_model(kind)
+    bias = model.mlm.get_output_embeddings().bias
+    with torch.no_grad():
+        bias.normal_()
+    b = lhmix.make_batch(model, docs, [[0, 2, 5], [0, 3], [1, 4]])
+    with torch.no_grad():
+        logits = model.mlm(input_ids=b['input_ids'], attention_mask=b['attention_mask']).logits
+    scores = lhmix.score_documents(model, docs)
+    space = {'wordpiece': '', 'bpe': 'Ġ', 'unigram': '▁'}[KINDS[kind][0]]
+    for v, name, slot in ((1, 'Art', 2), (3, 'biology', 4), (5, 'optics', 6)):
+        t = tok.convert_tokens_to_ids(space + (name.lower() if space == '' else name))
+        assert t != tok.unk_token_id
+        want = (logits[:, slot, t] - bias[t]).detach().numpy()
+        np.testing.assert_allclose(scores[:, v], want, atol=1e-5)
+    m = lhmix.make_batch(model, docs * 4, [[0]] * 12, np.random.default_rng(0), mlm_rate=0.3)
+    plain = {k: v for k, v in m.items() if not k.startswith('mlm_')}
+    with torch.no_grad():
+        logits = model.mlm(input_ids=m['input_ids'], attention_mask=m['attention_mask']).logits
+        term = (model(**m)[0] - model(**plain)[0]).item()
+    at = logits.flatten(0, 1)[m['mlm_pos']].double()
+    ce = (torch.logsumexp(at, 1) - at[torch.arange(len(at)), m['mlm_labels']]).mean().item()
+    assert len(m['mlm_pos']) > 5 and term == pytest.approx(ce, rel=1e-5)
+
+
+@pytest.mark.parametrize('kind', KINDS)
+def test_each_familys_flat_bert_scores_a_linear_layer_on_its_first_token(kind):
+    """--arch bert: the family's own cls token alone as prompt, every label's score (B, 1, V)
+    W h + b of its state (eval mode: no dropout), by hand from the encoder's states."""
+    model, tok, docs = family_model(kind, 'bert')
+    assert model.prefix == [0 if kind in ROBERTAS else 2]
+    b = lhmix.make_batch(model, docs, [[0]] * 3)
+    with torch.no_grad():
+        h = model.mlm.base_model(b['input_ids'], b['attention_mask']).last_hidden_state[:, :1]
+        assert model.score(h).shape == (3, 1, 6)
+        want = h[:, 0].double() @ model.classifier.weight.double().t() + model.classifier.bias
+    np.testing.assert_allclose(lhmix.score_documents(model, docs), want.numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize('kind', KINDS)
+def test_each_family_trains_by_lhmix_with_the_mlm_term(kind):
+    """10 steps of Adam (lr 1e-3) on 6 documents, Mixup by LH-Mix's ratios (Eqs. 3-7) and the
+    MLM term at 15%: finite losses, and the loss of the same documents without Mixup or
+    masking (eval mode) falls by 0.05 or more (0.14 to 0.37 with torch 2.13 on a CPU)."""
+    model, tok, docs = family_model(kind)
+    docs, labels = docs * 2, [[0, 2, 5], [0, 3], [1, 4]] * 2
+    table, rows = lhmix.local_hierarchy_table(model, tok, labels)
+    lhmix.use_local_hierarchies(model, table, 1.0, 0.75)
+    fixed = lhmix.make_batch(model, docs, labels)
+
+    def loss():
+        with torch.no_grad():
+            return model.eval()(**fixed)[0].item()
+    before, rng = loss(), np.random.default_rng(0)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model.train()
+    for _ in range(10):
+        b = lhmix.make_batch(model, docs, labels, rng, 0.15, rng.permutation(6), rows)
+        step = model(**b)[0]
+        assert 'mlm_pos' in b and torch.isfinite(step)
+        opt.zero_grad()
+        step.backward()
+        opt.step()
+    assert loss() < before - 0.05
+
+
+# The masked LM that a run starts from: tiny_bert, or a folder or hub id (load_pretrained)
+
+def test_tiny_bert_vocabulary_is_the_words_its_tokenizer_sees():
+    """The words of texts and label names as BERT's uncased normalizer leaves them: lower-cased,
+    accents stripped, a CJK character a word; most frequent first, ties in order of appearance."""
+    texts = ['La lumière, la RÉFRACTION!', 'réfraction 日本']
+    mlm, tok = lhmix.tiny_bert(texts + ['Économie', 'Mathématiques'])  # two label names
+    words = ['la', 'refraction', 'lumiere', ',', '!', '日', '本', 'economie', 'mathematiques']
+    assert tok.convert_ids_to_tokens(list(range(len(tok)))) == [
+        '[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] + words
+    assert mlm.config.vocab_size == 5 + 9
+    assert tok.convert_ids_to_tokens(tok('Lumière ÉCONOMIE réfraction mathématiques 日本')[
+        'input_ids']) == ['[CLS]', 'lumiere', 'economie', 'refraction', 'mathematiques', '日', '本',
+                          '[SEP]']
+
+
+def test_a_pretrained_model_must_bring_its_config_tokenizer_and_encoder(tmp_path, capsys):
+    """A BERT without its MLM head (as all-MiniLM-L6-v2) loads, with one warning; an LH-Mix
+    checkpoint (its weights under mlm.) has none of a masked LM's 37 encoder weights (5 of the
+    embeddings, 16 a layer); a folder without config.json or a tokenizer is named."""
+    mlm, tok = lhmix.tiny_bert(TEXTS)
+    for x in (mlm.base_model, tok):  # an encoder without the MLM head, as all-MiniLM-L6-v2
+        x.save_pretrained(tmp_path / 'encoder')
+    from transformers.utils import logging
+    assert logging.is_progress_bar_enabled() and capsys.readouterr()  # save_pretrained's bars
+    lhmix.load_pretrained(str(tmp_path / 'encoder'))
+    # No 'Loading weights' bar among a run's lines, and the bars are on again for the caller.
+    assert capsys.readouterr().err == (
+        f"warning: model '{tmp_path / 'encoder'}' has no MLM-head weights: the head starts "
+        'random\n') and logging.is_progress_bar_enabled()
+    ck = tmp_path / 'ck'  # an LH-Mix checkpoint's folder: its model's weights, under mlm.
+    model, tok = tiny_model(lhmix.Hierarchy(PARENTS))
+    tok.save_pretrained(ck)
+    model.mlm.config.save_pretrained(ck)
+    save_file({k: v.clone() for k, v in model.state_dict().items()}, ck / 'model.safetensors',
+              {'format': 'pt'})
+    msg = error(lambda: lhmix.load_pretrained(str(ck)))
+    tail = ('embeddings.LayerNorm.bias, ...): not a pretrained masked LM (to continue a run: '
+            'train.py --resume; to score a checkpoint: evaluate.py --ckpt)')
+    assert re.fullmatch(re.escape(f"model '{ck}': 37 encoder weights missing (") + r'(bert\.)?'
+                        + re.escape(tail), msg), msg  # transformers 4 names them without bert.
+    (tmp_path / 'empty').mkdir()  # transformers' own message would be of sentencepiece
+    assert error(lambda: lhmix.load_pretrained(str(tmp_path / 'empty'))) == \
+        f"model '{tmp_path / 'empty'}': the folder holds no config.json"
+    for name in ('tokenizer.json', 'vocab.txt'):  # transformers 4 writes both, 5 the first
+        (tmp_path / 'encoder' / name).unlink(missing_ok=True)
+    assert error(lambda: lhmix.load_pretrained(str(tmp_path / 'encoder'))) == (
+        f"model '{tmp_path / 'encoder'}': the folder holds no sentencepiece.bpe.model or "
+        'spm.model or tokenizer.json or vocab.json or vocab.txt')
+
+
+def test_a_roberta_needs_its_encoder_not_its_head_and_another_kind_is_refused_unread(tmp_path,
+                                                                                      capsys):
+    """A RoBERTa saved without its MLM head loads with the warning, its encoder's weights those
+    saved; one without an encoder weight (under its base model's prefix, roberta.) is refused,
+    naming it. An ELECTRA folder is refused by its config.json, in the families' one line,
+    before its weights (here not weights at all) are read."""
+    mlm, tok = tiny_family('roberta', FAMILY_TEXTS)
+    for x in (mlm.base_model, tok):
+        x.save_pretrained(tmp_path / 'encoder')
+    capsys.readouterr()
+    loaded, _ = lhmix.load_pretrained(str(tmp_path / 'encoder'))
+    assert capsys.readouterr().err == (f"warning: model '{tmp_path / 'encoder'}' has no MLM-head "
+                                       'weights: the head starts random\n')
+    for k, v in mlm.base_model.state_dict().items():
+        assert torch.equal(loaded.base_model.state_dict()[k], v), k
+    for x in (mlm, tok):
+        x.save_pretrained(tmp_path / 'broken')
+    weights = tmp_path / 'broken' / 'model.safetensors'
+    gone = 'roberta.encoder.layer.1.output.dense.weight'
+    tensors = load_file(weights)
+    del tensors[gone]
+    save_file(tensors, weights, {'format': 'pt'})
+    assert error(lambda: lhmix.load_pretrained(str(tmp_path / 'broken'))) == (
+        f"model '{tmp_path / 'broken'}': 1 encoder weights missing ({gone}, ...): not a "
+        'pretrained masked LM (to continue a run: train.py --resume; to score a checkpoint: '
+        'evaluate.py --ckpt)')
+    electra = tmp_path / 'electra'
+    transformers.ElectraConfig(vocab_size=len(tok)).save_pretrained(electra)
+    tok.save_pretrained(electra)
+    (electra / 'model.safetensors').write_bytes(b'not weights')
+    assert error(lambda: lhmix.load_pretrained(str(electra))) == OTHER_KIND.format('electra')
+
+
 # Misuse: one line naming the fix, before anything is computed
+
+def test_a_masked_lm_of_another_kind_is_refused_in_one_line_naming_the_families():
+    """An ELECTRA generator, and a DeBERTa-v2 with its newer head (legacy=False, whose
+    get_output_embeddings is a dense layer, not the decoder), in either arch: refused as the
+    model is built, in one line, before its embeddings grow."""
+    tok = tiny_family('bert', FAMILY_TEXTS)[1]
+    sizes = dict(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                 intermediate_size=32)
+    for kind, mlm in (('electra', transformers.ElectraForMaskedLM(transformers.ElectraConfig(
+            embedding_size=32, **sizes))), ('deberta-v2', transformers.DebertaV2ForMaskedLM(
+                transformers.DebertaV2Config(legacy=False, **sizes)))):
+        for arch in lhmix.ARCHS:
+            assert error(lambda: lhmix.build_model(mlm, tok, lhmix.Hierarchy(PARENTS), arch)) \
+                == OTHER_KIND.format(kind)
+            assert mlm.get_input_embeddings().num_embeddings == len(tok)
+
 
 def test_misuse_ends_in_one_line_naming_the_fix(monkeypatch):
     """Mixing by local hierarchies before the model has them, by no ratio or by two, a ratio

@@ -1,5 +1,6 @@
 """What the test files share: a small tree and its texts, a tiny LH-Mix, files written by hand,
-train.py's fastest demo run, and the checks of a refusal (one line, nothing changed)."""
+train.py's fastest demo run, the checks of a refusal (one line, nothing changed), and a tiny
+masked LM of each family (test_lhmix.py's tiny_family) with a small data set for it."""
 import hashlib
 import json
 import os
@@ -8,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-import data
 import lhmix
 import runs
 import train
+from test_lhmix import tiny_family
 
 PARENTS = {'Sci': None, 'Art': None, 'Sci/quantum_physics': 'Sci', 'Sci/biology': 'Sci',
            'Art/jazz_music': 'Art', 'Sci/quantum_physics/optics': 'Sci/quantum_physics'}
@@ -38,6 +39,49 @@ def tiny(arch='prompt', seed=1):
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     return model.eval(), tok
+
+
+# A depth-3 data set for the masked-LM families: 12 labels (the taxonomy's lines), each of its 7
+# leaves with words of its own. A document is 6 to 10 words, each its leaf's (half), a name on
+# its path (a fifth) or a shared word.
+FAMILY_TAXONOMY = ['Root\tscience\tarts', 'science\tphysics\tbiology', 'physics\toptics\tquantum',
+                   'biology\tgenetics\tecology', 'arts\tmusic\tpainting', 'music\tjazz\topera']
+FAMILY_WORDS = {'optics': 'lens mirror prism', 'quantum': 'electron spin photon',
+                'genetics': 'gene dna mutation', 'ecology': 'forest river species',
+                'painting': 'canvas brush portrait', 'jazz': 'saxophone swing trumpet',
+                'opera': 'soprano aria tenor'}
+SHARED = 'the a new of and in on with about report study today'.split()
+
+
+def family_docs(n, seed):
+    """n documents of FAMILY_TAXONOMY's leaves, drawn by `seed`: (text, leaf) pairs."""
+    rng, parent = np.random.default_rng(seed), {}
+    for line in FAMILY_TAXONOMY:
+        up, *children = line.split('\t')
+        parent.update(dict.fromkeys(children, up))
+    docs = []
+    for leaf in rng.choice(sorted(FAMILY_WORDS), n):
+        path = [leaf]
+        while parent[path[-1]] != 'Root':
+            path.append(parent[path[-1]])
+        pools = [FAMILY_WORDS[leaf].split(), path, SHARED]
+        words = [rng.choice(pools[rng.choice(3, p=[0.5, 0.2, 0.3])])
+                 for _ in range(rng.integers(6, 11))]
+        docs.append((' '.join(words), str(leaf)))
+    return docs
+
+
+FAMILY_SPLITS = {split: family_docs(n, seed) for split, n, seed in (
+    ('train', 48, 0), ('val', 24, 1), ('test', 24, 2))}
+
+
+def family_folder(kind, path):
+    """Saves tiny_family(kind) in `path`, a pretrained masked LM for train.py --model, its
+    tokenizer trained on FAMILY_SPLITS' texts and the label names."""
+    names = [w for line in FAMILY_TAXONOMY for w in line.split('\t')[1:]]
+    for part in tiny_family(kind, [t for docs in FAMILY_SPLITS.values() for t, _ in docs] + names):
+        part.save_pretrained(path)
+    return str(path)
 
 
 def write_lines(path, lines):  # UTF-8; a surrogate '\udce9' writes the Latin-1 byte of 'é'

@@ -56,10 +56,10 @@ def test_unreadable_files_name_the_file_and_why(tmp_path):
         part.save_pretrained(tmp_path / 'model')
     cases = [('a', 'toy_train.json', 'data.load_data'), ('b', 'toy.taxonomy', 'data.load_data'),
              ('ck', runs.WEIGHTS, 'runs.load_checkpoint'),
-             ('model', runs.WEIGHTS, 'data.load_pretrained')]
+             ('model', runs.WEIGHTS, 'lhmix.load_pretrained')]
     for folder, name, _ in cases:
         os.chmod(tmp_path / folder / name, 0)
-    script = 'import data, runs\n' + ''.join(
+    script = 'import data, lhmix, runs\n' + ''.join(
         f'try:\n    {load}({str(tmp_path / folder)!r})\n'
         'except (OSError, ValueError) as e:\n    print(e)\n' for folder, _, load in cases)
     drop = ['setpriv', '--inh-caps=-all', '--bounding-set=-all'] if os.geteuid() == 0 else []
@@ -488,49 +488,6 @@ def test_load_hiagm_errors_name_file_and_line(tmp_path, name, lines, message):
         write_lines(path, lines)
     msg = error(lambda: data.load_data(str(folder)))
     assert msg.startswith(f'{path}{message.format(f=folder)}')
-
-
-# The pretrained model a run starts from
-
-def test_tiny_bert_vocabulary_is_the_words_its_tokenizer_sees():
-    """The words of texts and label names as BERT's uncased normalizer leaves them: lower-cased,
-    accents stripped, a CJK character a word; most frequent first, ties in order of appearance."""
-    texts = ['La lumière, la RÉFRACTION!', 'réfraction 日本']
-    mlm, tok = lhmix.tiny_bert(texts + ['Économie', 'Mathématiques'])  # two label names
-    words = ['la', 'refraction', 'lumiere', ',', '!', '日', '本', 'economie', 'mathematiques']
-    assert tok.convert_ids_to_tokens(list(range(len(tok)))) == [
-        '[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] + words
-    assert mlm.config.vocab_size == 5 + 9
-    assert tok.convert_ids_to_tokens(tok('Lumière ÉCONOMIE réfraction mathématiques 日本')[
-        'input_ids']) == ['[CLS]', 'lumiere', 'economie', 'refraction', 'mathematiques', '日', '本',
-                          '[SEP]']
-
-
-def test_a_pretrained_model_must_bring_its_config_tokenizer_and_encoder(tmp_path, capsys):
-    mlm, tok = lhmix.tiny_bert(TEXTS)
-    for x in (mlm.base_model, tok):  # an encoder without the MLM head, as all-MiniLM-L6-v2
-        x.save_pretrained(tmp_path / 'encoder')
-    from transformers.utils import logging
-    assert logging.is_progress_bar_enabled() and capsys.readouterr()  # save_pretrained's bars
-    lhmix.load_pretrained(str(tmp_path / 'encoder'))
-    # No 'Loading weights' bar among a run's lines, and the bars are on again for the caller.
-    assert capsys.readouterr().err == (
-        f"warning: model '{tmp_path / 'encoder'}' has no MLM-head weights: the head starts "
-        'random\n') and logging.is_progress_bar_enabled()
-    ck = tmp_path / 'ck'  # an LH-Mix checkpoint
-    runs.save_checkpoint(str(ck), *tiny(), {})
-    msg = error(lambda: lhmix.load_pretrained(str(ck)))
-    tail = ('embeddings.LayerNorm.bias, ...): not a pretrained masked LM (to continue a run: '
-            'train.py --resume; to score a checkpoint: evaluate.py --ckpt)')
-    assert re.fullmatch(re.escape(f"model '{ck}': 37 encoder weights missing (") + r'(bert\.)?'
-                        + re.escape(tail), msg), msg  # transformers 4 names them without bert.
-    (tmp_path / 'empty').mkdir()  # transformers' own message would be of sentencepiece
-    assert error(lambda: lhmix.load_pretrained(str(tmp_path / 'empty'))) == \
-        f"model '{tmp_path / 'empty'}': the folder holds no config.json"
-    for name in ('tokenizer.json', 'vocab.txt'):  # transformers 4 writes both, 5 the first
-        (tmp_path / 'encoder' / name).unlink(missing_ok=True)
-    assert error(lambda: lhmix.load_pretrained(str(tmp_path / 'encoder'))) == \
-        f"model '{tmp_path / 'encoder'}': the folder holds no tokenizer.json or vocab.txt"
 
 
 def test_an_id_shared_by_a_top_level_label_and_a_deeper_one_on_its_own_is_the_top_level_one(
