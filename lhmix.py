@@ -463,8 +463,10 @@ def load_pretrained(name):
         if bars:
             logging.enable_progress_bar()
     _family(config)
-    # The encoder's weights must all be there; the MLM head's may be missing.
-    missing = sorted(k for k in info['missing_keys'] if k.startswith(mlm.base_model_prefix + '.'))
+    # The encoder's weights must all be there; the MLM head's may be missing. (transformers 4 names
+    # a missing weight without the encoder's prefix where the file has no prefixed weights.)
+    head = {k for k in mlm.state_dict() if not k.startswith(mlm.base_model_prefix + '.')}
+    missing = sorted(k for k in info['missing_keys'] if k not in head)
     if missing:
         raise ValueError(f'model {name!r}: {len(missing)} encoder weights missing ({missing[0]}, '
                          '...): not a pretrained masked LM (to continue a run: train.py --resume; '
