@@ -230,33 +230,56 @@ def test_the_fresh_clones_run_as_results_md_gives_it():
         f'(sha256 {digest[1][:8]}...)' in results_text())
 
 
-def test_the_performance_table_is_the_benchmarks_log():
-    """Each row of RESULTS.md's Performance table: the first round's ms and x limit and the
-    second's x limit of each commit, as its log printed them (the limit's row: ms and 1.000)."""
-    path = os.path.join(ROOT, 'results', 'bench', '77b3b37-f0b5a4f.txt')
-    with open(path, encoding='utf-8') as f:
-        rounds = re.split(r'^(\w+) round (\d)$', f.read(), flags=re.M)[1:]
-    logs = {(c, r): body for c, r, body in zip(rounds[::3], rounds[1::3], rounds[2::3])}
-    assert len(logs) == 4
+def bench_logs(name, head):
+    """{key: the log it printed} of a bench file whose logs each follow a line `head` (a regex)."""
+    with open(os.path.join(ROOT, 'results', 'bench', name), encoding='utf-8') as f:
+        parts = re.split(rf'^{head}$', f.read(), flags=re.M)[1:]
+    return dict(zip(parts[::2], parts[1::2]))
+
+
+def bench_row(log, name):
+    """(ms, x limit, padding) of a step's row in a bench log; the limit's ms, 1.000 and the floor's
+    padding (the limit times the floor's kernels) for 'limit'."""
+    floor = 'floor, graphed' if 'floor, graphed' in log else 'floor, eager'
+    row = re.search(rf'^{re.escape(floor if name == "limit" else name)} +([\d.]+) +([\d.]+) +'
+                    r'([\d.]+%)$', log, re.M).groups()
+    return (re.search(r'limit: ([\d.]+) ms', log)[1], '1.000', row[2]) if name == 'limit' else row
+
+
+def performance_rows(table):
+    """The rows of RESULTS.md's Performance table number `table` (0, 1), cells without bold."""
     with open(os.path.join(ROOT, 'RESULTS.md'), encoding='utf-8') as f:
         section = f.read().split('## Performance')[1]
-    rows = [line.replace('*', '').split(' | ') for line in section.splitlines()
-            if line.startswith('| ') and not line.startswith(('| training', '| ---'))]
-    assert len(rows) == 9
+    tables = re.findall(r'((?:^\|.*\n)+)', section, re.M)
+    return [line.replace('*', '').strip('| ').split(' | ') for line in
+            tables[table].splitlines()[2:]]
+
+
+def test_the_performance_tables_are_the_benchmarks_logs():
+    """RESULTS.md's Performance: BERT's table, each row's ms and x limit at 1cd2ab3 and 1f9a129 and
+    the padding at 1f9a129, as the two logs printed them; the families' table, each family's limit
+    and x limit of the floor and of LH-Mix's steps, graphed where its log has graphed rows."""
+    logs = bench_logs('1cd2ab3-1f9a129.txt', r'(\w+) round 1')
+    rows = performance_rows(0)
+    assert len(rows) == 7
     for row in rows:
-        name = row[0][2:].replace(' (one packed row)', '').replace(' (padded)', '')
-        limit = name.startswith('limit')
-        cells = []
-        for commit in ('77b3b37', 'f0b5a4f'):
-            first, second = logs[commit, '1'], logs[commit, '2']
-            # The limit's padding is the floor's, whose kernels it times.
-            line = re.compile(rf'^{re.escape("floor, graphed" if limit else name)} +([\d.]+) +'
-                              r'([\d.]+) +([\d.]+%)$', re.M)
-            (ms, x, pad), again = line.search(first).groups(), line.search(second)[2]
-            if limit:
-                ms, x, again = re.search(r'limit: ([\d.]+) ms', first)[1], '1.000', '1.000'
-            cells += [ms, x, again]
-        assert row[1:] == cells + [f'{pad} |'], row
+        name = row[0].replace(' (one packed row)', '')
+        name = 'limit' if name.startswith('limit') else name
+        (a, x, _), (b, y, pad) = (bench_row(logs[c], name) for c in ('1cd2ab3', '1f9a129'))
+        assert row[1:] == [a, x, b, y, pad], row
+    families = {**bench_logs('families-1f9a129.txt', r'family ([\w-]+)'),
+                'bert': logs['1f9a129']}
+    names = {'BERT': 'bert', 'RoBERTa': 'roberta', 'XLM-RoBERTa': 'xlm-roberta', 'CamemBERT':
+             'camembert', 'DistilBERT': 'distilbert', 'DeBERTa-v2': 'deberta-v2',
+             'ModernBERT': 'modernbert'}
+    rows = performance_rows(1)
+    assert [r[0] for r in rows] == list(names)
+    for row in rows:
+        log = families[names[row[0]]]
+        way = 'graphed' if 'LH-Mix, graphed' in log else 'eager'
+        cells = [bench_row(log, 'limit')[0]] + [bench_row(log, f'{n}, {way}{r}')[1] for n, r in (
+            ('floor', ''), ('LH-Mix', ''), ('LH-Mix', ', random batches'))]
+        assert row[1:5] == cells and row[5].startswith(way), row
 
 
 def test_every_recorded_run_started_from_the_same_label_embeddings():
