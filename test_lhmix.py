@@ -1052,3 +1052,19 @@ def test_mlm_random_replacements_draw_every_word_of_a_short_batch():
         seen[ids[0, 1].item()] += 1
     for w, p in ((10, 0.1 + 0.1 / 3), (11, 0.1 / 3), (12, 0.1 / 3), (4, 0.8)):
         assert abs(seen[w] - p * n) < 5 * math.sqrt(n * p * (1 - p)), (w, seen[w], p * n)
+
+
+def test_a_mixup_batch_carries_its_partners_and_ratios_as_given_or_drawn(tiny):
+    """make_batch's Mixup fields: the partners and local hierarchies as given (LH-Mix); vanilla
+    Mixup's ratios max(x, 1 - x) of Beta(a, a) drawn by the given rng, after the masks (none here),
+    by hand with numpy; a draw without rng is refused, naming it."""
+    model, _ = tiny
+    docs = [np.array([5, 6]), np.array([7])]
+    b = lhmix.make_batch(model, docs, [[0], [1]], partner=[1, 0], hierarchy_ids=[3, 4])
+    assert b['partner'].tolist() == [1, 0] and b['hierarchy_ids'].tolist() == [3, 4]
+    b = lhmix.make_batch(model, docs, [[0], [1]], np.random.default_rng(0), partner=[1, 0],
+                         mix_alpha=0.2)
+    x = np.random.default_rng(0).beta(0.2, 0.2, 2)
+    np.testing.assert_allclose(b['lam'].double().numpy(), np.maximum(x, 1 - x), rtol=1e-6)
+    assert 'rng=numpy.random.default_rng(seed)' in error(
+        lambda: lhmix.make_batch(model, docs, [[0], [1]], partner=[1, 0], mix_alpha=0.2))

@@ -239,6 +239,24 @@ def test_a_runs_records_without_checkpoints_are_named_so_and_never_replaced(tmp_
             f"--out {out}: holds a run's records without its checkpoints (as results/records "
             'keeps them); choose another --out')
         assert tree_state(out) == before
+    (out / runs.TEST_METRICS).unlink()  # metrics.jsonl alone is a run's records too
+    assert "holds a run's records without its checkpoints" in error(
+        lambda: runs.RunFolder(str(out), overwrite=True))
+
+
+def test_the_error_exit_is_one_line_and_lets_other_errors_through(capsys):
+    """exit_on_error: a mistake's message, its whitespace collapsed, as one line `error: ...`
+    (exit 1); a RuntimeError that is not torch's out of memory goes through as it is."""
+    def fail(e):
+        raise e
+    with pytest.raises(SystemExit) as stop:
+        runs.exit_on_error(fail, ValueError('a\n   b'))
+    assert stop.value.code == 'error: a b'
+    with pytest.raises(SystemExit) as stop:
+        runs.exit_on_error(fail, torch.OutOfMemoryError('CUDA out of memory'))
+    assert stop.value.code == 'error: out of GPU memory; try a smaller --batch'
+    with pytest.raises(RuntimeError, match='boom'):
+        runs.exit_on_error(fail, RuntimeError('boom'))
 
 
 def test_the_digests_that_resume_checks_and_a_record_keeps_cover_labels_names_and_splits():

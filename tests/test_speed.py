@@ -280,3 +280,20 @@ def test_an_epochs_batches_come_whole_from_one_call(graphed):
         if kind and 'hierarchy_ids' in kind:
             assert sorted(i for b in got for i in (b['hierarchy_ids'] - 100).tolist()) == [
                 *range(10)]
+
+
+def test_graphed_mixup_batches_pack_each_familys_positions_from_its_first():
+    """epoch_batches for CUDA graphs packs Mixup's batches with positions from the model's first:
+    RoBERTa's documents start at 2, then count up; the padding document's positions are 0."""
+    torch.manual_seed(0)
+    h = lhmix.Hierarchy(PARENTS)
+    model = lhmix.build_model(*tiny_family('roberta', TEXTS + h.names), h, 'prompt')
+    docs = [np.arange(5, 5 + k) for k in (3, 4)]
+    b, = speed.epoch_batches(model, docs, [[0], [1]], 2, np.random.default_rng(0),
+                             torch.device('cpu'), 0.0, True, True, hierarchy_ids=torch.arange(2))
+    n = len(model.prefix) + 1  # each document: the prefix, its text, [SEP]
+    lengths = np.diff(b['cu_seq_lens_q'].numpy())[:2]
+    assert sorted(lengths.tolist()) == [n + 3, n + 4]
+    assert b['position_ids'][0].tolist() == [*range(2, 2 + lengths[0]),
+                                             *range(2, 2 + lengths[1])] + [0] * (
+        b['input_ids'].shape[1] - lengths.sum())
