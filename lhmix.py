@@ -329,11 +329,10 @@ def _check_mixup(model, n, partner, lam, hierarchy_ids):
     """Refuses, naming the fix, a Mixup that n documents cannot run (a lam on a GPU unchecked)."""
     if (lam is not None) + (hierarchy_ids is not None) != (partner is not None):
         raise ValueError('Mixup takes `partner` and either `lam` (vanilla) or `hierarchy_ids`')
-    if lam is not None and not torch.is_tensor(lam):
-        raise TypeError(f'lam {lam!r}: give a tensor, one ratio per document')
     for name, x in (('partner', partner), ('lam', lam), ('hierarchy_ids', hierarchy_ids)):
-        if x is not None and tuple(x.shape) != (n,):
-            raise ValueError(f'{name} of shape {tuple(x.shape)} for {n} documents: give ({n},)')
+        if x is not None and not (torch.is_tensor(x) and x.shape == (n,)):
+            raise ValueError(f'{name} {tuple(x.shape) if torch.is_tensor(x) else repr(x)} for {n} '
+                             f'documents: give a tensor of shape ({n},)')
     if lam is not None and not lam.is_cuda and not ((lam >= 0) & (lam <= 1)).all():
         raise ValueError(f'lam {lam.tolist()}: give ratios in [0, 1]')
     if hierarchy_ids is not None and model.local_hierarchies is None:
@@ -440,9 +439,9 @@ def load_pretrained(name):
             if f.is_file():
                 open(f.path, 'rb').close()
         files = set(os.listdir(name))  # transformers' own message would be of sentencepiece.
-        if 'config.json' not in files or not files & TOKENIZERS:
-            raise ValueError(f'model {name!r}: the folder holds no ' + (
-                'config.json' if 'config.json' not in files else ' or '.join(sorted(TOKENIZERS))))
+        if not ('config.json' in files and files & TOKENIZERS):
+            raise ValueError(f'model {name!r}: the folder needs config.json and a tokenizer, '
+                             + ' or '.join(sorted(TOKENIZERS)))
     # Its report of missing weights is replaced by ours below, and its bars are not a run's lines.
     bars = logging.is_progress_bar_enabled()
     logging.set_verbosity_error()

@@ -867,13 +867,14 @@ def test_a_pretrained_model_must_bring_its_config_tokenizer_and_encoder(tmp_path
     assert re.fullmatch(re.escape(f"model '{ck}': 37 encoder weights missing (") + r'(bert\.)?'
                         + re.escape(tail), msg), msg  # transformers 4 names them without bert.
     (tmp_path / 'empty').mkdir()  # transformers' own message would be of sentencepiece
+    need = ('the folder needs config.json and a tokenizer, sentencepiece.bpe.model or spm.model or '
+            'tokenizer.json or vocab.json or vocab.txt')
     assert error(lambda: lhmix.load_pretrained(str(tmp_path / 'empty'))) == \
-        f"model '{tmp_path / 'empty'}': the folder holds no config.json"
+        f"model '{tmp_path / 'empty'}': {need}"
     for name in ('tokenizer.json', 'vocab.txt'):  # transformers 4 writes both, 5 the first
         (tmp_path / 'encoder' / name).unlink(missing_ok=True)
     assert error(lambda: lhmix.load_pretrained(str(tmp_path / 'encoder'))) == (
-        f"model '{tmp_path / 'encoder'}': the folder holds no sentencepiece.bpe.model or "
-        'spm.model or tokenizer.json or vocab.json or vocab.txt')
+        f"model '{tmp_path / 'encoder'}': {need}")
 
 
 def test_a_roberta_needs_its_encoder_not_its_head_and_another_kind_is_refused_unread(tmp_path,
@@ -947,8 +948,8 @@ def test_misuse_ends_in_one_line_naming_the_fix(monkeypatch):
     for mixing in ({'partner': pair}, {'partner': pair, 'lam': torch.ones(2), 'hierarchy_ids': ids},
                    {'lam': torch.ones(2)}, {'hierarchy_ids': ids}):
         assert error(lambda: model(**b, **mixing)) == one
-    assert error(lambda: model(**b, partner=pair, lam=0.7), TypeError) == (
-        'lam 0.7: give a tensor, one ratio per document')
+    assert error(lambda: model(**b, partner=pair, lam=0.7)) == (
+        'lam 0.7 for 2 documents: give a tensor of shape (2,)')
     for lam in ([0.5, 1.5], [-0.25, 0.5], [0.5, math.nan]):
         assert error(lambda: model(**b, partner=pair, lam=torch.tensor(lam))) == (
             f'lam {lam}: give ratios in [0, 1]')
@@ -958,7 +959,7 @@ def test_misuse_ends_in_one_line_naming_the_fix(monkeypatch):
         mixing = {'partner': torch.tensor([1, 0, 0] if name == 'partner' else [1, 0]), **mixing}
         shape = tuple(mixing[name].shape)
         assert error(lambda: model(**b, **mixing)) == (
-            f'{name} of shape {shape} for 2 documents: give (2,)')
+            f'{name} {shape} for 2 documents: give a tensor of shape (2,)')
     assert error(lambda: lhmix.make_batch(model, docs, [['Sci'], [1]]), TypeError) == (
         "label 'Sci': give label ids, not names (hierarchy.index[name])")
     for labels in ([[0]], [[0], [1], [2]]):

@@ -12,7 +12,6 @@ import math
 import os
 import sys
 import time
-from types import SimpleNamespace
 
 if __name__ == '__main__' and not {'OMP_WAIT_POLICY', 'GOMP_SPINCOUNT'} & set(os.environ):
     # OpenMP's idle threads spin briefly, then sleep: a lone run keeps spinning speed, and runs
@@ -29,8 +28,7 @@ import lhmix  # noqa: E402
 import runs  # noqa: E402
 import speed  # noqa: E402
 
-# The defaults: the paper's where it gives them (Sec. 5.2), else the authors' README command for
-# RCV1 or HPT's, else ours.
+# The defaults: the paper's (Sec. 5.2), else the authors' README command for RCV1, HPT's, or ours.
 DEFAULTS = dict(
     model='bert-base-uncased',     # the paper's (Sec. 5.2)
     arch='prompt',                 # the paper's prompt; 'bert': Table 3's flat BERT (HGCLR's)
@@ -48,9 +46,8 @@ DEFAULTS = dict(
     train_fraction=1.0,            # all of the training split; Fig. 4 takes less
     seed=0,
 )
-# --model tiny (a 2-layer BERT built from the data) learns faster, on less; --data demo is it.
-# Its stop waits longer: on a small data set an epoch is a few steps, and dev macro-F1 can stay 0
-# for more than 5 epochs before it rises.
+# --model tiny (a 2-layer BERT of the data; --data demo is it) learns faster, on less. Its stop
+# waits longer: an epoch is a few steps, and dev macro-F1 can stay 0 for over 5 epochs.
 TINY = dict(lr=1e-3, warmup_epochs=4, max_length=128, early_stop=20)
 DEMO = dict(model='tiny', epochs=12)
 # What each number may be, which -h shows and parse() checks (lhmix checks --max-length).
@@ -107,17 +104,14 @@ def parse(argv=None):
     tiny = TINY if given.get('model', demo.get('model')) == 'tiny' else {}
     args = argparse.Namespace(**{**vars(args), **DEFAULTS, **tiny, **demo, **given})
     for key, (want, ok) in VALID.items():
-        value = getattr(args, key)
-        if not (math.isfinite(value) and ok(value)):
+        if not (math.isfinite(value := getattr(args, key)) and ok(value)):
             p.error(f'argument --{key.replace("_", "-")}: must be {want}, got {value}')
     if args.resume and args.overwrite:
         p.error('--resume and --overwrite exclude each other')
-    args.out = os.path.normpath(args.out or os.path.join('out', '-'.join((
-        os.path.basename(os.path.normpath(args.data)), args.arch, args.mix, f's{args.seed}'))))
+    name = os.path.basename(os.path.normpath(args.data))
+    args.out = os.path.normpath(args.out or f'out/{name}-{args.arch}-{args.mix}-s{args.seed}')
     return args, given
 
-
-# Prepare: a new run, or the run in --out
 
 def prepare(args, given, folder):
     """Return the run: settings, folder, model, data and what its checkpoints keep. At --resume it
@@ -125,13 +119,12 @@ def prepare(args, given, folder):
     state = dict(history=[], extra={}, adam={})
     if args.resume:
         model, tokenizer, last = folder.load_last()
-        saved = last['args']
+        saved = {**last['args'], 'epochs': given.get('epochs', last['args']['epochs'])}
         state = {k: last[k] for k in state}
         for k in [k for k in given if k in saved and k != 'epochs' and given[k] != saved[k]]:
             print(f'--resume: the run keeps its --{k.replace("_", "-")} {saved[k]} '
                   f'(not {given[k]})', file=sys.stderr)
-        args = argparse.Namespace(
-            **{**vars(args), **saved, 'epochs': given.get('epochs', saved['epochs'])})
+        args = argparse.Namespace(**{**vars(args), **saved})
     torch.manual_seed(args.seed)
     hierarchy, splits = data.load_data(args.data, args.data_dir)
     meta = {'args': {k: v for k, v in vars(args).items() if k not in CONTROL},
@@ -140,13 +133,13 @@ def prepare(args, given, folder):
         raise ValueError(f'--resume: the labels, label names or documents of --data {args.data} '
                          "differ from the run's; start a new run")
     used = {**splits, 'train': data.train_part(splits['train'], args.train_fraction, args.seed)}
+    gold = {k: [ls for _, ls in docs] for k, docs in used.items()}
     if not args.resume:
-        unseen = sorted({v for s in ('dev', 'test') for _, ls in used[s] for v in ls}
-                        - {v for _, ls in used['train'] for v in ls})
+        seen = {k: set().union(*ls) for k, ls in gold.items()}
+        unseen = [hierarchy.labels[v] for v in sorted((seen['dev'] | seen['test']) - seen['train'])]
         if unseen:  # Scored all the same, they weigh on macro-F1 as any other label.
-            print(f'warning: labels in dev or test but in no training document: {len(unseen)} ('
-                  + ', '.join([hierarchy.labels[v] for v in unseen[:5]] + ['...'] * (
-                      len(unseen) > 5)) + ')', file=sys.stderr)
+            print(f'warning: labels in dev or test but in no training document: {len(unseen)} '
+                  f'({", ".join(unseen[:5] + ["..."] * (len(unseen) > 5))})', file=sys.stderr)
         mlm, tokenizer = (lhmix.tiny_bert([t for t, _ in used['train']] + hierarchy.names)
                           if args.model == 'tiny' else lhmix.load_pretrained(args.model))
         model = lhmix.build_model(mlm, tokenizer, hierarchy, args.arch, args.max_length)
@@ -157,13 +150,11 @@ def prepare(args, given, folder):
     print(f'{len(hierarchy)} labels, depth {hierarchy.num_depths}; documents '
           + ', '.join(f'{k} {len(v[0])}' for k, v in tokens.items()) + f'; cut to --max-length '
           f'{args.max_length}: ' + ', '.join(f'{k} {v[1]}' for k, v in tokens.items()))
-    return SimpleNamespace(
+    return argparse.Namespace(
         args=args, folder=folder, model=model.to(args.device), tokenizer=tokenizer, meta=meta,
         tokens={k: v[0] for k, v in tokens.items()}, train_labels=[ls for _, ls in splits['train']],
-        gold={k: [ls for _, ls in docs] for k, docs in used.items()}, **state)
+        gold=gold, **state)
 
-
-# One step: zero the gradients, forward, backward, Adam's update
 
 def train_step(model, opt, scaler, batch):
     """Takes one training step on a batch from lhmix.make_batch; returns (loss, lambda or None).
@@ -177,47 +168,39 @@ def train_step(model, opt, scaler, batch):
     return loss.detach(), lam
 
 
-# One epoch, the dev figures, the epochs (fit), the test
-
 def train_epoch(run, step, graphed, epoch, bar):
-    """Trains an epoch; returns (mean loss, lambdas or None)."""
+    """Trains an epoch; returns (mean loss, lambdas or None). The loss is checked by fit."""
     args, model = run.args, run.model
     # Each epoch draws from streams of its own, so that a resumed run draws as an unbroken one.
     rng = np.random.default_rng([args.seed, epoch])
     torch.manual_seed(args.seed * 100003 + epoch)
     mixing = args.mix != 'none' and epoch >= args.warmup_epochs  # @warm-up
     mlm_rate = MLM_RATE if model.mlm_term and not args.no_mlm else 0.0
-    # Mixup's ratios: LH-Mix's from each document's local hierarchy, else vanilla Mixup's draws.
-    mixup = (dict(hierarchy_ids=run.extra['hierarchy_ids']) if args.mix == 'lhmix' else
-             dict(mix_alpha=args.mix_alpha))
     model.train()
     total, lams, steps = torch.zeros((), device=args.device), [], 0
-    for steps, batch in enumerate(speed.epoch_batches(
-            model, run.tokens['train'], run.gold['train'], args.batch, rng, args.device, mlm_rate,
-            mixing, graphed=graphed, **mixup), 1):
+    # Mixup's ratios: LH-Mix's from each document's local hierarchy, else vanilla Mixup's draws.
+    batches = speed.epoch_batches(
+        model, run.tokens['train'], run.gold['train'], args.batch, rng, args.device, mlm_rate,
+        mixing, graphed, run.extra.get('hierarchy_ids'), args.mix == 'mixup' and args.mix_alpha)
+    for steps, batch in enumerate(batches, 1):
         loss, lam = step(batch)
         total += loss  # Summed on the device, so that no step waits for the GPU.
         if lam is not None:
             lams.append(lam.clone())  # A graph's next replay overwrites its output.
         bar.update(1)
-    loss = total.item() / steps
-    if not math.isfinite(loss):
-        raise FloatingPointError(f'the training loss became {loss} in epoch {epoch} (try a lower '
-                                 '--lr); this epoch is not saved')
-    return loss, torch.cat(lams).double().cpu().numpy() if lams else None
+    return total.item() / steps, torch.cat(lams).double().cpu().numpy() if lams else None
 
 
 def evaluate_dev(run, epoch, loss, lam, seconds):
-    """Scores the dev split and prints the epoch's line, with the seconds of training and scoring;
-    returns it as metrics.jsonl keeps it, with training documents a second and the mixing
-    ratios as quantiles."""
+    """Scores dev and prints the epoch's line, with the seconds of training and scoring; returns it
+    as metrics.jsonl keeps it, with training documents a second and the mixing ratios' quantiles."""
     t0 = time.time()
     dev = evaluate.f1_scores(lhmix.score_documents(run.model, run.tokens['dev']) > 0,
                              run.gold['dev'], len(run.model.hierarchy))
     dev_seconds = time.time() - t0
     line = {'epoch': epoch, 'mix': lam is not None, 'train_loss': loss,
-            'dev_micro_f1': dev['micro_f1'], 'dev_macro_f1': dev['macro_f1'],
-            'seconds': round(seconds, 2), 'dev_seconds': round(dev_seconds, 2),
+            **{f'dev_{k}': v for k, v in dev.items()}, 'seconds': round(seconds, 2),
+            'dev_seconds': round(dev_seconds, 2),
             'samples_per_s': round(len(run.tokens['train']) / seconds, 1)}
     if lam is not None:
         q = [0, 5, 25, 50, 75, 95, 100]
@@ -262,31 +245,28 @@ def fit(run):
                 break
             t0 = time.time()
             loss, lam = train_epoch(run, step, graphed, epoch, bar)
+            if not (math.isfinite(loss) and all(p.isfinite().all() for p in model.parameters())):
+                what = 'weights' if math.isfinite(loss) else f'training loss ({loss})'
+                raise FloatingPointError(f'the {what} became infinite or NaN in epoch {epoch} (try'
+                                         ' a lower --lr); this epoch is not saved')
             run.history.append(evaluate_dev(run, epoch, loss, lam, time.time() - t0))
-            if not all(torch.isfinite(p).all() for p in model.parameters()):
-                raise FloatingPointError(f'the weights became infinite or NaN in epoch {epoch} '
-                                         '(try a lower --lr); this epoch is not saved')
             run.folder.save(model, run.tokenizer, run.meta, run.history, extra, opt)
 
 
 def test(run, started):
-    """The best-dev checkpoint's test figures, as evaluate.py computes them, and where the run
-    came from (runs.provenance); the line ends with the run's time since `started`. A run whose
-    best dev macro-F1 is 0 learned nothing: likely, it stopped too soon; it ends in an error
-    naming what stopped it."""
+    """The best-dev checkpoint's test figures, as evaluate.py computes them, and where the run came
+    from (runs.provenance); the line ends with the run's time since `started`. A run whose best dev
+    macro-F1 is 0 learned nothing (it stopped too soon?): an error names what stopped it."""
     best, _, meta = runs.load_checkpoint(os.path.join(run.folder.path, 'best'), run.args.device)
-    result = {**evaluate.report(lhmix.score_documents(best, run.tokens['test']) > 0,
-                                run.gold['test'], best.hierarchy, run.train_labels),
-              'best_epoch': meta['epoch'], 'checkpoint': os.path.join(run.args.out, 'best'),
-              'args': run.meta['args'],
-              'provenance': runs.provenance(run.args.device, run.meta['data'])}
-    runs.write_whole(os.path.join(run.folder.path, runs.TEST_METRICS), json.dumps(result, indent=1))
-    print(f"test micro-F1 {100 * result['micro_f1']:.2f}  macro-F1 {100 * result['macro_f1']:.2f}"
-          f"  (best dev epoch {meta['epoch']}, {run.args.out}; {time.time() - started:.0f} s in "
-          'all)')
+    r = {**evaluate.report(lhmix.score_documents(best, run.tokens['test']) > 0, run.gold['test'],
+                           best.hierarchy, run.train_labels),
+         'best_epoch': meta['epoch'], 'checkpoint': os.path.join(run.args.out, 'best'),
+         'args': run.meta['args'], 'provenance': runs.provenance(run.args.device, run.meta['data'])}
+    runs.write_whole(os.path.join(run.folder.path, runs.TEST_METRICS), json.dumps(r, indent=1))
+    print(f"test micro-F1 {100 * r['micro_f1']:.2f}  macro-F1 {100 * r['macro_f1']:.2f}  (best dev "
+          f"epoch {meta['epoch']}, {run.args.out}; {time.time() - started:.0f} s in all)")
     if not any(h['dev_macro_f1'] for h in run.history):
-        # Early stopping is named wherever it is met, even at the last epoch: more epochs would
-        # end at once.
+        # Early stopping is named even at the last epoch: more epochs would end at once.
         a, stop = run.args, runs.since_best(run.history) >= run.args.early_stop
         why = f'early stopping (--early-stop {a.early_stop})' if stop else f'--epochs {a.epochs}'
         raise ValueError(f'{why} ended the run at dev macro-F1 0: try a larger '

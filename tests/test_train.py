@@ -226,6 +226,18 @@ def test_labels_in_dev_or_test_but_in_no_training_document_get_one_warning(capsy
     assert capsys.readouterr().err == err
 
 
+def test_a_label_in_test_alone_is_warned_of_too(capsys, monkeypatch):
+    """With the demo's optics documents left out of its training and dev splits, only test has
+    optics: the one line names it."""
+    h, splits = data.load_demo()
+    kept = {s: [d for d in docs if s == 'test' or h.index['optics'] not in d[1]]
+            for s, docs in splits.items()}
+    monkeypatch.setattr(data, 'load_data', lambda *a: (h, kept))
+    train.prepare(*train.parse(['--data', 'demo', '--device', 'cpu']), None)
+    assert capsys.readouterr().err == (
+        'warning: labels in dev or test but in no training document: 1 (optics)\n')
+
+
 @pytest.mark.parametrize('arch, budget', [('prompt', 12 - 8 - 1), ('bert', 12 - 1 - 1)])
 def test_max_length_cuts_each_text_to_what_fits_beside_the_prefix_and_sep(arch, budget):
     """--max-length 12 on the demo (depth 3, each text longer): a text keeps 12 - 8 - 1 = 3
@@ -681,7 +693,7 @@ def test_overwrite_replaces_a_run_only_once_the_new_has_an_epoch(base_run, tmp_p
         mp.setattr(lhmix, 'training_loss',
                    lambda *a, **k: (loss(*a, **k)[0] * float('nan'), None))
         msg = error_of(lambda: train.main(FAST + ['--out', str(out), '--overwrite']))
-    assert 'the training loss became nan in epoch 0' in msg and 'not saved' in msg
+    assert 'the training loss (nan) became infinite or NaN in epoch 0' in msg and 'not saved' in msg
     assert tree_state(out) == before and os.listdir(tmp_path) == ['run']
     train.main(FAST + ['--epochs', '1', '--out', str(out), '--overwrite', '--mix', 'none'])
     assert os.listdir(tmp_path) == ['run'] and is_whole_run(out)
