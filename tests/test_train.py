@@ -6,7 +6,6 @@ Expected values are computed here (F1 counted by hand) or are an uninterrupted r
 downloaded (the `tiny` BERT, the synthetic demo set or files in tmp_path)."""
 import ast
 import errno
-import functools
 import json
 import math
 import os
