@@ -9,7 +9,7 @@ import sys
 import zipfile
 from collections import Counter
 from pathlib import Path
-from xml.etree import ElementTree
+from xml.etree import ElementTree as ET
 
 import numpy as np
 import torch
@@ -83,7 +83,7 @@ def _xlsx_rows(data):
     """Return [(row number, cells)] of the first sheet of an .xlsx file (bytes)."""
     ns = '{http://schemas.openxmlformats.org/spreadsheetml/2006/main}'
 
-    def text(e):
+    def txt(e):
         return ''.join(t.text or '' for t in e.iter(ns + 't'))
 
     def cells(row):
@@ -93,17 +93,16 @@ def _xlsx_rows(data):
             for ch in re.match('[A-Z]+', c.get('r'))[0]:
                 col = 26 * col + ord(ch) - 64
             v, kind = c.findtext(ns + 'v', ''), c.get('t')
-            out[col] = text(c) if kind == 'inlineStr' else shared[int(v)] if kind == 's' else \
+            out[col] = txt(c) if kind == 'inlineStr' else shared[int(v)] if kind == 's' else \
                 re.sub(r'\.0$', '', v)
         row.clear()
         return [out.get(i, '') for i in range(1, max(out, default=0) + 1)]
 
     with zipfile.ZipFile(io.BytesIO(data)) as z:
         names, s = z.namelist(), 'xl/sharedStrings.xml'
-        shared = [text(e) for e in ElementTree.fromstring(z.read(s)).iter(ns + 'si')
-                  ] if s in names else []
+        shared = [txt(e) for e in ET.fromstring(z.read(s)).iter(ns + 'si')] if s in names else []
         sheet = min(n for n in names if n.startswith('xl/worksheets/sheet'))
-        return list(enumerate((cells(e) for _, e in ElementTree.iterparse(z.open(sheet))
+        return list(enumerate((cells(e) for _, e in ET.iterparse(z.open(sheet))
                                if e.tag == ns + 'row'), 1))
 
 
@@ -171,7 +170,7 @@ def load_wos(folder):
                              f'area, found {len(r)}')
     rows = [r for _, r in rows[1:]]
     parts = wos_split(len(rows))
-    if not all(len(p) for p in parts):
+    if not all(map(len, parts)):
         raise ValueError(f'{source}: {len(rows)} rows leave a split empty (HPT splits 64/16/20 %)')
     pairs = list(hpt_areas(rows))
     # Each in order of first appearance; {domain: None} is also the domains' parents.
@@ -197,12 +196,11 @@ def read_taxonomy(path):
         if len(cells) == 1:
             raise ValueError(f'{path}:{n}: a taxonomy line needs a parent and at least one child')
         for child in cells[1:]:
-            if parents.get(child) == cells[0]:
-                raise ValueError(f'{path}:{n}: label {child!r} listed twice under {cells[0]!r} '
-                                 f'(first on {lines[child]})')
             if child in parents:
-                raise ValueError(f'{path}:{n}: label {child!r} has two parents '
-                                 f'({parents[child]!r} on {lines[child]} and {cells[0]!r})')
+                raise ValueError(f'{path}:{n}: label {child!r} ' + (
+                    f'listed twice under {cells[0]!r} (first on {lines[child]})'
+                    if parents[child] == cells[0] else
+                    f'has two parents ({parents[child]!r} on {lines[child]} and {cells[0]!r})'))
             parents[child], lines[child] = cells[0], f'{path}:{n}'
     if not parents:
         raise ValueError(f'{path}: empty (expected lines parent<TAB>child<TAB>child...)')
@@ -324,16 +322,17 @@ def resolve_ids(value_dict, parents, doc_labels, ids_file, taxonomy):
 
 # The demo, and load_data
 
-DEMO_LEAVES = '''science/physics/quantum science/physics/optics science/biology/genetics
-science/biology/ecology science/chemistry sports/football sports/tennis sports/cycling
-arts/music/jazz arts/music/opera arts/painting arts/cinema business/finance/banking
-business/finance/markets business/retail'''  # The path of each leaf.
+# The path of each leaf; leaves under one parent are a/b/c,d for a/b/c and a/b/d.
+DEMO_LEAVES = '''science/physics/quantum,optics science/biology/genetics,ecology science/chemistry
+sports/football,tennis,cycling arts/music/jazz,opera arts/painting,cinema
+business/finance/banking,markets business/retail'''
 
 
 def load_demo(seed=0, sizes=(1200, 300, 300)):
     """Return the demo's tree and splits: documents of words from their topics' lists and a
     shared background; one in five has two paths."""
-    leaves = [path.split('/') for path in DEMO_LEAVES.split()]
+    leaves = [(p + x).split('/') for p, xs in re.findall(r'(\S*/)(\S+)', DEMO_LEAVES)
+              for x in xs.split(',')]
     parents = {label: parent for path in leaves for parent, label in zip([None] + path, path)}
     h = Hierarchy(parents)
     words = [[v] + [f'{v}{c}' for c in 'abcdefg'] for v in h.labels]  # by label id
