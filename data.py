@@ -253,8 +253,24 @@ def load_hiagm(folder):
             raise ValueError(f'{path}: no documents (the {split} split may not be empty)')
         if not any(labels for _, labels in raw[split]):
             raise ValueError(f'{path}: no document has a label (the {split} split)')
-    label_of = resolve_ids(value_dict, parents, [ls for docs in raw.values() for _, ls in docs],
-                           ids_file, taxonomy)
+    # Each id's taxonomy label. HPT's value_dict names the labels (WOS, RCV1) or their last part
+    # (NYT: 'Top/News/World' -> 'World'); a shared one is told apart by the parent, since HPT
+    # labels a NYT document with every prefix of its path.
+    def last(v):
+        return value_dict[v] if type(v) is int else v.rsplit('/', 1)[-1]
+    doc_labels, label_of = [ls for docs in raw.values() for _, ls in docs], {}
+    for i in sorted({v for labels in doc_labels for v in labels if type(v) is int}):
+        name = value_dict[i]
+        found = [name] if name in parents else [v for v in parents if last(v) == name]
+        if not found:
+            raise ValueError(f'{ids_file}: id {i} ({name!r}) names no label of {taxonomy}')
+        # Several: those whose parent is named on every document with id i.
+        placed = found if len(found) < 2 else [c for c in found if parents[c] == 'Root' or all(
+            last(parents[c]) in map(last, ls) for ls in doc_labels if i in ls)]
+        if len(placed) != 1:
+            raise ValueError(f'{ids_file}: id {i} ({name!r}) may be any of {found} ({taxonomy}): '
+                             "not one of them has its parent's name on every document with this id")
+        label_of[i] = placed[0]
     # The verbalizer's names are HPT's ('HIV/AIDS' whole), RCV1's descriptions, or those of
     # label_names.tsv, which win.
     h = Hierarchy(parents, {**{label_of[i]: value_dict[i] for i in label_of},
@@ -296,28 +312,6 @@ def _load_value_dict(path):
             type(k) is int and isinstance(v, str) for k, v in d.items()):
         raise ValueError(f"{path}: not HPT's torch file of {{label id (int): name (str)}}")
     return d
-
-
-def resolve_ids(value_dict, parents, doc_labels, ids_file, taxonomy):
-    """Return the taxonomy label of each id in `doc_labels`. HPT's value_dict names the labels
-    (WOS, RCV1) or their last part (NYT: 'Top/News/World' -> 'World'); a shared one is told apart
-    by the parent, since HPT labels a NYT document with every prefix of its path."""
-    def last(v):
-        return value_dict[v] if type(v) is int else v.rsplit('/', 1)[-1]
-    out = {}
-    for i in sorted({v for labels in doc_labels for v in labels if type(v) is int}):
-        name = value_dict[i]
-        found = [name] if name in parents else [v for v in parents if last(v) == name]
-        if not found:
-            raise ValueError(f'{ids_file}: id {i} ({name!r}) names no label of {taxonomy}')
-        # Several: those whose parent is named on every document with id i.
-        placed = found if len(found) < 2 else [c for c in found if parents[c] == 'Root' or all(
-            last(parents[c]) in map(last, ls) for ls in doc_labels if i in ls)]
-        if len(placed) != 1:
-            raise ValueError(f'{ids_file}: id {i} ({name!r}) may be any of {found} ({taxonomy}): '
-                             "not one of them has its parent's name on every document with this id")
-        out[i] = placed[0]
-    return out
 
 
 # The demo, and load_data
