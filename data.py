@@ -215,15 +215,14 @@ def load_hiagm(folder):
     files = sorted(os.listdir(folder))
     own = os.path.basename(os.path.normpath(folder)) + '_'
 
-    def one(*suffixes):
-        found = [f for f in files if f.endswith(suffixes)]
+    def one(*ends):
+        got = [f for f in files if f.endswith(ends)]
         # HPT's WOS folder also holds preprocess_wos.py's wos_*.json, and HPT reads
         # {folder}_*.json, so files named for the folder come first.
-        found = [f for f in found if f.startswith(own)] or found
-        if len(found) != 1:
-            raise ValueError(f'{folder!r}: expected one *{" or *".join(suffixes)} file, found '
-                             f'{found or "none"}')
-        return os.path.join(folder, found[0])
+        got = [f for f in got if f.startswith(own)] or got
+        if len(got) != 1:
+            raise ValueError(f'{folder}: expected one *{" or *".join(ends)}, found {got or "none"}')
+        return os.path.join(folder, got[0])
 
     taxonomy = one('.taxonomy', '.taxnomy')
     parents, lines = read_taxonomy(taxonomy)
@@ -237,8 +236,8 @@ def load_hiagm(folder):
                 d = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f'{path}:{n}: malformed JSON: {e}') from None
-            d = d if isinstance(d, dict) else {}
-            text, labels = d.get('token', d.get('doc_token')), d.get('label', d.get('doc_label'))
+            g = (d if isinstance(d, dict) else {}).get
+            text, labels = g('token', g('doc_token')), g('label', g('doc_label'))
             if isinstance(text, list) and all(isinstance(w, str) for w in text):
                 text = ' '.join(text)
             if not isinstance(text, str) or not isinstance(labels, list):
@@ -269,7 +268,7 @@ def load_hiagm(folder):
             last(parents[c]) in map(last, ls) for ls in doc_labels if i in ls)]
         if len(placed) != 1:
             raise ValueError(f'{ids_file}: id {i} ({name!r}) may be any of {found} ({taxonomy}): '
-                             "not one of them has its parent's name on every document with this id")
+                             "none has its parent's name on every document with this id")
         label_of[i] = placed[0]
     # The verbalizer's names are HPT's ('HIV/AIDS' whole), RCV1's descriptions, or those of
     # label_names.tsv, which win.
