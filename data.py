@@ -140,9 +140,9 @@ def _download_wos(path):
                 part.unlink(missing_ok=True)
         except (OSError, ValueError, HTTPException) as e:
             failed.append(f'{url}: {e}')
-    raise ValueError(f'WOS is not in {os.path.dirname(path)} and could not be downloaded '
-                     f'({"; ".join(failed)}); put WebOfScience.zip or its Data.txt or Data.xlsx '
-                     'there (or --data-dir)')
+    folder = os.path.dirname(path)
+    raise ValueError(f'WOS is not in {folder} and could not be downloaded ({"; ".join(failed)}); '
+                     'put WebOfScience.zip or its Data.txt or Data.xlsx there (or --data-dir)')
 
 
 def load_wos(folder):
@@ -303,14 +303,15 @@ def label_names(folder, parents):
 
 def _load_value_dict(path):
     with open(path, 'rb') as f:  # An unreadable file gets Python's own error.
+        # Torch raises many kinds of error for a file not its own; what is not a dict has no
+        # items().
         try:
             d = torch.load(f, weights_only=True)
-        except Exception:  # Torch raises many kinds of error for a file not its own.
-            d = None
-    if not isinstance(d, dict) or not all(
-            type(k) is int and isinstance(v, str) for k, v in d.items()):
-        raise ValueError(f"{path}: not HPT's torch file of {{label id (int): name (str)}}")
-    return d
+            if all(type(k) is int and isinstance(v, str) for k, v in d.items()):
+                return d
+        except Exception:
+            pass
+    raise ValueError(f"{path}: not HPT's torch file of {{label id (int): name (str)}}")
 
 
 # The demo, and load_data

@@ -69,7 +69,7 @@ def classify(model, tokenizer, texts):
         leaves = sorted(on - {a for v in on for a in h.path(v)[:-1]})
         out[i] = {'labels': [h.labels[v] for v in sorted(on, key=lambda v: (h.depth[v], v))],
                   'paths': [[h.names[a] for a in h.path(v) if a in on] for v in leaves],
-                  'scores': {h.labels[v]: round(float(s[v]), 4) for v in range(len(h))},
+                  'scores': {v: round(float(x), 4) for v, x in zip(h.labels, s)},
                   'truncated': len(tokens[i]) > budget}
     return out
 
