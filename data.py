@@ -53,14 +53,12 @@ def wos_split(n):
     """Return HPT's split: np.random.seed(7) shuffle, then twice sklearn's
     train_test_split(test_size=0.2, random_state=0), which takes RandomState(0).permutation and
     tests its first ceil(0.2 n)."""
-    ids = np.arange(n)
-    np.random.RandomState(7).shuffle(ids)
+    ids = np.random.RandomState(7).permutation(n)  # RandomState's shuffle of arange(n)
 
     def split(a):
         # sklearn trains on the floor(0.8 n) after the test part, which are all the rest: in
         # floats 0.2 and 0.8 round up, so ceil(0.2 n) + floor(0.8 n) >= n.
-        k = math.ceil(0.2 * len(a))
-        p = np.random.RandomState(0).permutation(len(a))
+        k, p = math.ceil(0.2 * len(a)), np.random.RandomState(0).permutation(len(a))
         return a[p[k:]], a[p[:k]]
 
     train, test = split(ids)
@@ -250,7 +248,7 @@ def load_hiagm(folder):
             raw[split].append((text, labels))
         if not raw[split]:
             raise ValueError(f'{path}: no documents (the {split} split may not be empty)')
-        if not any(labels for _, labels in raw[split]):
+        if not any(ls for _, ls in raw[split]):
             raise ValueError(f'{path}: no document has a label (the {split} split)')
     # Each id's taxonomy label. HPT's value_dict names the labels (WOS, RCV1) or their last part
     # (NYT: 'Top/News/World' -> 'World'); a shared one is told apart by the parent, since HPT
@@ -274,8 +272,8 @@ def load_hiagm(folder):
     # label_names.tsv, which win.
     h = Hierarchy(parents, {**{label_of[i]: value_dict[i] for i in label_of},
                             **label_names(folder, parents)}, lines)
-    return h, {s: [(text, h.closure(h.index[label_of.get(v, v)] for v in labels))
-                   for text, labels in docs] for s, docs in raw.items()}
+    return h, {s: [(t, h.closure(h.index[label_of.get(v, v)] for v in ls)) for t, ls in docs]
+               for s, docs in raw.items()}
 
 
 RCV1_TOPICS = 'rcv1.topics.hier.orig'  # From RCV1-v2's appendix: each topic's description.
@@ -327,9 +325,8 @@ def load_demo(seed=0, sizes=(1200, 300, 300)):
     shared background; one in five has two paths."""
     leaves = [(p + x).split('/') for p, xs in re.findall(r'(\S*/)(\S+)', DEMO_LEAVES)
               for x in xs.split(',')]
-    parents = {label: parent for path in leaves for parent, label in zip([None] + path, path)}
-    h = Hierarchy(parents)
-    words = [[v] + [f'{v}{c}' for c in 'abcdefg'] for v in h.labels]  # by label id
+    h = Hierarchy({v: p for path in leaves for p, v in zip([None] + path, path)})
+    words = [[v] + [v + c for c in 'abcdefg'] for v in h.labels]  # by label id
     rng = np.random.default_rng(seed)
 
     def doc():
@@ -359,7 +356,7 @@ def load_data(name, data_dir=None):
     source = data_dir or (os.path.join('data', name) if named else name)
     hierarchy, splits = load_wos(source) if name == 'wos' else load_hiagm(source)
     counts = [f'{s} {sum(not t.strip() for t, _ in docs)} empty texts, '
-              f'{sum(not labels for _, labels in docs)} without labels'
+              f'{sum(not ls for _, ls in docs)} without labels'
               for s, docs in splits.items() if not all(t.strip() and ls for t, ls in docs)]
     if counts:
         print(f'warning: {source}: {"; ".join(counts)} (kept)', file=sys.stderr)
