@@ -9,20 +9,23 @@ import sys
 import zipfile
 from collections import Counter
 from pathlib import Path
-from xml.etree import ElementTree
+from xml.etree import ElementTree as ET
 
 import numpy as np
 import torch
 
 from lhmix import Hierarchy
 
+SPLITS = 'train', 'dev', 'test'
 
-def read_lines(path):
-    """Return [(line number, line)] of a UTF-8 file (`-`: stdin), as open() splits it."""
+
+def read_lines(path, blank=True):
+    """Return [(line number, line)] of a UTF-8 file (`-`: stdin), as open() splits it; without
+    the blank ones unless `blank`."""
     try:
         with open(sys.stdin.fileno() if path == '-' else path, encoding='utf-8-sig',
                   closefd=path != '-') as f:
-            return [(n, line.rstrip('\n')) for n, line in enumerate(f, 1)]
+            return [(n, s.rstrip('\n')) for n, s in enumerate(f, 1) if blank or s.strip()]
     except UnicodeDecodeError as e:  # Python's own message names no file.
         raise ValueError(f'{path}: not UTF-8 text ({e.reason})') from None
 
@@ -41,7 +44,7 @@ BROWSER = 'Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.
 def clean_str(text):
     """HPT's clean_str. Punctuation and stop words stay (HPT commented out HiAGM's removal)."""
     s = text.strip().strip('"')
-    for c in ("'s", "'ve", "n't", "'re", "'d", "'ll"):
+    for c in "'s 've n't 're 'd 'll".split():
         s = s.replace(c, ' ' + c)  # HPT's re.sub(r"\'s", " \'s", ...) is a plain replacement.
     return re.sub(r'\s{2,}', ' ', s).strip().lower()
 
@@ -50,84 +53,80 @@ def wos_split(n):
     """Return HPT's split: np.random.seed(7) shuffle, then twice sklearn's
     train_test_split(test_size=0.2, random_state=0), which takes RandomState(0).permutation and
     tests its first ceil(0.2 n)."""
-    ids = np.arange(n)
-    np.random.RandomState(7).shuffle(ids)
+    ids = np.random.RandomState(7).permutation(n)  # RandomState's shuffle of arange(n)
 
     def split(a):
-        n_test, n_train = math.ceil(0.2 * len(a)), math.floor((1 - 0.2) * len(a))
-        p = np.random.RandomState(0).permutation(len(a))
-        return a[p[n_test:n_test + n_train]], a[p[:n_test]]
+        # sklearn trains on the floor(0.8 n) after the test part, which are all the rest: in
+        # floats 0.2 and 0.8 round up, so ceil(0.2 n) + floor(0.8 n) >= n.
+        k, p = math.ceil(0.2 * len(a)), np.random.RandomState(0).permutation(len(a))
+        return a[p[k:]], a[p[:k]]
 
     train, test = split(ids)
-    train, dev = split(train)
-    return train, dev, test
+    return (*split(train), test)
 
 
 def hpt_areas(rows):
-    """Yield each row's area as preprocess_wos.py names it: the first name seen under the row's
-    code Y1-Y2 that is more frequent in its domain in the file (HPT hard-codes `stats`), else its
-    own."""
-    count = Counter((r[3].strip(), r[4].strip()) for r in rows)
-    seen = {}
-    for r in rows:
-        domain, area = r[3].strip(), r[4].strip()
-        names = seen.setdefault(r[0] + '-' + r[1], [])  # The raw strings, as HPT keys them.
-        if area not in names:
-            names.append(area)
-        yield next((a for a in names if count[domain, a] > count[domain, area]), area)
+    """Yield each row's (domain, area), the area as preprocess_wos.py names it: the first name
+    seen under the row's code Y1-Y2 that is more frequent in its domain in the file (HPT
+    hard-codes `stats`), else its own."""
+    pairs = [(r[3].strip(), r[4].strip()) for r in rows]
+    count, seen = Counter(pairs), {}
+    for r, (d, a) in zip(rows, pairs):
+        names = seen.setdefault(r[0] + '-' + r[1], {})  # The raw strings, as HPT keys them.
+        names[a] = 1  # The names in order of first appearance.
+        yield d, next((b for b in names if count[d, b] > count[d, a]), a)
 
 
 def _xlsx_rows(data):
-    """Yield the rows of the first sheet of an .xlsx file (bytes)."""
+    """Return [(row number, cells)] of the first sheet of an .xlsx file (bytes)."""
     ns = '{http://schemas.openxmlformats.org/spreadsheetml/2006/main}'
+
+    def txt(e):
+        return ''.join(t.text or '' for t in e.iter(ns + 't'))
+
+    def cells(row):
+        out = {}
+        for c in row.iter(ns + 'c'):
+            col = 0  # The letters of its reference (r="AB12") are a number in base 26.
+            for ch in re.match('[A-Z]+', c.get('r'))[0]:
+                col = 26 * col + ord(ch) - 64
+            v, kind = c.findtext(ns + 'v', ''), c.get('t')
+            out[col] = txt(c) if kind == 'inlineStr' else shared[int(v)] if kind == 's' else \
+                re.sub(r'\.0$', '', v)
+        row.clear()
+        return [out.get(i, '') for i in range(1, max(out, default=0) + 1)]
+
     with zipfile.ZipFile(io.BytesIO(data)) as z:
-        names = z.namelist()
-        shared = [''.join(t.text or '' for t in si.iter(ns + 't')) for si in
-                  ElementTree.fromstring(z.read('xl/sharedStrings.xml')).iter(ns + 'si')
-                  ] if 'xl/sharedStrings.xml' in names else []
+        names, s = z.namelist(), 'xl/sharedStrings.xml'
+        shared = [txt(e) for e in ET.fromstring(z.read(s)).iter(ns + 'si')] if s in names else []
         sheet = min(n for n in names if n.startswith('xl/worksheets/sheet'))
-        for _, row in ElementTree.iterparse(z.open(sheet)):
-            if row.tag != ns + 'row':
-                continue
-            cells = {}
-            for c in row.iter(ns + 'c'):
-                col = 0  # The letters of its reference (r="AB12") are a number in base 26.
-                for ch in re.match(r'[A-Z]+', c.get('r')).group():
-                    col = 26 * col + ord(ch) - 64
-                kind = c.get('t')
-                if kind == 'inlineStr':
-                    cells[col] = ''.join(t.text or '' for t in c.iter(ns + 't'))
-                else:
-                    v = c.findtext(ns + 'v', '')
-                    cells[col] = shared[int(v)] if kind == 's' else re.sub(r'\.0$', '', v)
-            row.clear()
-            yield [cells.get(i, '') for i in range(1, max(cells, default=0) + 1)]
+        return list(enumerate((cells(e) for _, e in ET.iterparse(z.open(sheet))
+                               if e.tag == ns + 'row'), 1))
 
 
-def _data_xlsx(archive):
-    """Return (name, bytes) of Meta-data/Data.xlsx in the zip `archive` (bytes), or None."""
+def _data_xlsx(archive, where):
+    """Return (`where`:name, bytes) of Meta-data/Data.xlsx in the zip `archive` (bytes); a
+    ValueError naming `where` if there is none."""
     try:
         with zipfile.ZipFile(io.BytesIO(archive)) as z:
-            name = next((n for n in z.namelist() if n.endswith('Meta-data/Data.xlsx')), None)
-            return name and (name, z.read(name))
-    except zipfile.BadZipFile:
-        return None
+            name = next(n for n in z.namelist() if n.endswith('Meta-data/Data.xlsx'))
+            return f'{where}:{name}', z.read(name)
+    except (zipfile.BadZipFile, StopIteration):
+        raise ValueError(f'{where}: not a zip holding Meta-data/Data.xlsx') from None
 
 
 def _download_wos(path):
     """Downloads WOS to `path` from the first of WOS_URLS that gives the zip. It asks as a
     browser, because Mendeley answers a script's User-Agent with a sign-in page."""
-    import http.client
-    import urllib.request
+    from http.client import HTTPException
+    from urllib.request import Request, urlopen
     failed = []
     for url in WOS_URLS:
         print(f'downloading {url}', file=sys.stderr)
         try:
-            request = urllib.request.Request(url, headers={'User-Agent': BROWSER})
-            with urllib.request.urlopen(request, timeout=60) as r:
+            with urlopen(Request(url, headers={'User-Agent': BROWSER}), timeout=60) as r:
                 blob, kind = r.read(), r.headers.get_content_type()
-            if _data_xlsx(blob) is None:
-                raise ValueError(f'not a zip holding Meta-data/Data.xlsx ({kind})')
+            _data_xlsx(blob, kind)  # Refused as `kind`: not a zip holding ...
             # Renamed into place once whole: a kill leaves no part of a zip under its name, and a
             # failed write (a full disk) leaves no part beside it.
             part = Path(path + '.part')
@@ -137,7 +136,7 @@ def _download_wos(path):
                 return os.replace(part, path)
             finally:
                 part.unlink(missing_ok=True)
-        except (OSError, ValueError, http.client.HTTPException) as e:
+        except (OSError, ValueError, HTTPException) as e:
             failed.append(f'{url}: {e}')
     folder = os.path.dirname(path)
     raise ValueError(f'WOS is not in {folder} and could not be downloaded ({"; ".join(failed)}); '
@@ -151,31 +150,27 @@ def load_wos(folder):
     txt, xlsx, archive = (os.path.join(folder, f) for f in
                           ('Data.txt', 'Data.xlsx', 'WebOfScience.zip'))
     if os.path.exists(txt):
-        source, rows = txt, [(n, line.split('\t')) for n, line in read_lines(txt) if line.strip()]
+        source, rows = txt, [(n, line.split('\t')) for n, line in read_lines(txt, False)]
+    elif os.path.exists(xlsx):
+        source, rows = xlsx, _xlsx_rows(Path(xlsx).read_bytes())
     else:
-        if os.path.exists(xlsx):
-            source, blob = xlsx, Path(xlsx).read_bytes()
-        else:
-            if not os.path.exists(archive):
-                _download_wos(archive)
-            found = _data_xlsx(Path(archive).read_bytes())
-            if found is None:
-                raise ValueError(f'{archive}: not a zip holding Meta-data/Data.xlsx')
-            source, blob = f'{archive}:{found[0]}', found[1]
-        rows = list(enumerate(_xlsx_rows(blob), 1))
+        if not os.path.exists(archive):
+            _download_wos(archive)
+        source, blob = _data_xlsx(Path(archive).read_bytes(), archive)
+        rows = _xlsx_rows(blob)
     header = [c.strip() for c in rows[0][1]] if rows else []
     want = 'Y1 Y2 Y Domain area keywords Abstract'
     if header[:7] != want.split():
         raise ValueError(f'{source}:1: expected the header {want}, got {header}')
     for n, r in rows[1:]:
-        if len(r) != 7 or not r[3].strip() or not r[4].strip():
+        if len(r) != 7 or not all(map(str.strip, r[3:5])):
             raise ValueError(f'{source}:{n}: expected 7 tab-separated fields with a Domain and an '
                              f'area, found {len(r)}')
     rows = [r for _, r in rows[1:]]
     parts = wos_split(len(rows))
-    if not all(len(p) for p in parts):
+    if not all(map(len, parts)):
         raise ValueError(f'{source}: {len(rows)} rows leave a split empty (HPT splits 64/16/20 %)')
-    pairs = list(zip((r[3].strip() for r in rows), hpt_areas(rows)))
+    pairs = list(hpt_areas(rows))
     # Each in order of first appearance; {domain: None} is also the domains' parents.
     domains, areas = dict.fromkeys(d for d, _ in pairs), dict.fromkeys(pairs)
     owners = Counter(a for _, a in areas)
@@ -185,7 +180,7 @@ def load_wos(folder):
     h = Hierarchy({**domains, **{key[p]: p[0] for p in areas}},
                   {**{d: d for d in domains}, **{key[p]: p[1] for p in areas}})
     docs = [(clean_str(r[6]), [h.index[d], h.index[key[d, a]]]) for r, (d, a) in zip(rows, pairs)]
-    return h, {s: [docs[i] for i in idx] for s, idx in zip(('train', 'dev', 'test'), parts)}
+    return h, {s: [docs[i] for i in idx] for s, idx in zip(SPLITS, parts)}
 
 
 # HiAGM/HPT-format folders
@@ -199,12 +194,11 @@ def read_taxonomy(path):
         if len(cells) == 1:
             raise ValueError(f'{path}:{n}: a taxonomy line needs a parent and at least one child')
         for child in cells[1:]:
-            if parents.get(child) == cells[0]:
-                raise ValueError(f'{path}:{n}: label {child!r} listed twice under {cells[0]!r} '
-                                 f'(first on {lines[child]})')
             if child in parents:
-                raise ValueError(f'{path}:{n}: label {child!r} has two parents '
-                                 f'({parents[child]!r} on {lines[child]} and {cells[0]!r})')
+                raise ValueError(f'{path}:{n}: label {child!r} ' + (
+                    f'listed twice under {cells[0]!r} (first on {lines[child]})'
+                    if parents[child] == cells[0] else
+                    f'has two parents ({parents[child]!r} on {lines[child]} and {cells[0]!r})'))
             parents[child], lines[child] = cells[0], f'{path}:{n}'
     if not parents:
         raise ValueError(f'{path}: empty (expected lines parent<TAB>child<TAB>child...)')
@@ -219,32 +213,29 @@ def load_hiagm(folder):
     files = sorted(os.listdir(folder))
     own = os.path.basename(os.path.normpath(folder)) + '_'
 
-    def one(suffixes, what):
-        found = [f for f in files if f.endswith(suffixes)]
+    def one(*ends):
+        got = [f for f in files if f.endswith(ends)]
         # HPT's WOS folder also holds preprocess_wos.py's wos_*.json, and HPT reads
         # {folder}_*.json, so files named for the folder come first.
-        found = [f for f in found if f.startswith(own)] or found
-        if len(found) != 1:
-            raise ValueError(f'{folder!r}: expected one {what} file, found {found or "none"}')
-        return os.path.join(folder, found[0])
+        got = [f for f in got if f.startswith(own)] or got
+        if len(got) != 1:
+            raise ValueError(f'{folder}: expected one *{" or *".join(ends)}, found {got or "none"}')
+        return os.path.join(folder, got[0])
 
-    taxonomy = one(('.taxonomy', '.taxnomy'), '*.taxonomy (or wos.taxnomy)')
+    taxonomy = one('.taxonomy', '.taxnomy')
     parents, lines = read_taxonomy(taxonomy)
     ids_file = os.path.join(folder, 'value_dict.pt')
     value_dict = _load_value_dict(ids_file) if os.path.exists(ids_file) else {}
-    raw = {}
-    for split in ('train', 'dev', 'test'):
-        suffixes = (f'_{split}.json',) + ('_val.json',) * (split == 'dev')
-        path, raw[split] = one(suffixes, '*' + ' or *'.join(suffixes)), []
-        for n, line in read_lines(path):
-            if not line.strip():
-                continue
+    raw, why = {}, f'not a label of {taxonomy}' + f' nor an id in {ids_file}' * bool(value_dict)
+    for split in SPLITS:
+        path, raw[split] = one(f'_{split}.json', *['_val.json'] * (split == 'dev')), []
+        for n, line in read_lines(path, False):
             try:
                 d = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f'{path}:{n}: malformed JSON: {e}') from None
-            d = d if isinstance(d, dict) else {}
-            text, labels = d.get('token', d.get('doc_token')), d.get('label', d.get('doc_label'))
+            g = (d if isinstance(d, dict) else {}).get
+            text, labels = g('token', g('doc_token')), g('label', g('doc_label'))
             if isinstance(text, list) and all(isinstance(w, str) for w in text):
                 text = ' '.join(text)
             if not isinstance(text, str) or not isinstance(labels, list):
@@ -252,22 +243,37 @@ def load_hiagm(folder):
                                  'string or a list of strings, and a list `label` (or `doc_label`)')
             for v in labels:
                 if not (v in parents if isinstance(v, str) else type(v) is int and v in value_dict):
-                    raise ValueError(f'{path}:{n}: label {json.dumps(v, ensure_ascii=False)} is '
-                                     + (f'neither a label of {taxonomy} nor an id in {ids_file}'
-                                        if value_dict else f'not a label of {taxonomy}'))
+                    raise ValueError(f'{path}:{n}: label '
+                                     f'{json.dumps(v, ensure_ascii=False)} is {why}')
             raw[split].append((text, labels))
         if not raw[split]:
             raise ValueError(f'{path}: no documents (the {split} split may not be empty)')
-        if not any(labels for _, labels in raw[split]):
+        if not any(ls for _, ls in raw[split]):
             raise ValueError(f'{path}: no document has a label (the {split} split)')
-    label_of = resolve_ids(value_dict, parents, [ls for docs in raw.values() for _, ls in docs],
-                           ids_file, taxonomy)
+    # Each id's taxonomy label. HPT's value_dict names the labels (WOS, RCV1) or their last part
+    # (NYT: 'Top/News/World' -> 'World'); a shared one is told apart by the parent, since HPT
+    # labels a NYT document with every prefix of its path.
+    def last(v):
+        return value_dict[v] if type(v) is int else v.rsplit('/', 1)[-1]
+    doc_labels, label_of = [ls for docs in raw.values() for _, ls in docs], {}
+    for i in sorted({v for labels in doc_labels for v in labels if type(v) is int}):
+        name = value_dict[i]
+        found = [name] if name in parents else [v for v in parents if last(v) == name]
+        if not found:
+            raise ValueError(f'{ids_file}: id {i} ({name!r}) names no label of {taxonomy}')
+        # Several: those whose parent is named on every document with id i.
+        placed = found if len(found) < 2 else [c for c in found if parents[c] == 'Root' or all(
+            last(parents[c]) in map(last, ls) for ls in doc_labels if i in ls)]
+        if len(placed) != 1:
+            raise ValueError(f'{ids_file}: id {i} ({name!r}) may be any of {found} ({taxonomy}): '
+                             "none has its parent's name on every document with this id")
+        label_of[i] = placed[0]
     # The verbalizer's names are HPT's ('HIV/AIDS' whole), RCV1's descriptions, or those of
     # label_names.tsv, which win.
     h = Hierarchy(parents, {**{label_of[i]: value_dict[i] for i in label_of},
                             **label_names(folder, parents)}, lines)
-    return h, {s: [(text, h.closure(h.index[label_of.get(v, v)] for v in labels))
-                   for text, labels in docs] for s, docs in raw.items()}
+    return h, {s: [(t, h.closure(h.index[label_of.get(v, v)] for v in ls)) for t, ls in docs]
+               for s, docs in raw.items()}
 
 
 RCV1_TOPICS = 'rcv1.topics.hier.orig'  # From RCV1-v2's appendix: each topic's description.
@@ -279,73 +285,48 @@ def label_names(folder, parents):
     wins."""
     names, code = {}, {v.lower(): v for v in parents}
     topics, tsv = os.path.join(folder, RCV1_TOPICS), os.path.join(folder, 'label_names.tsv')
-    for n, line in read_lines(topics) if os.path.exists(topics) else []:
-        line = line.strip()
-        m = re.fullmatch(r'parent:\s*\S+\s+child:\s*(\S+)\s+child-description:\s*(.+)', line)
-        if line and not m:
+    for n, t in read_lines(topics, False) if os.path.exists(topics) else []:
+        m = re.fullmatch(r'parent:\s*\S+\s+child:\s*(\S+)\s+child-description:\s*(.+)', t.strip())
+        if not m:
             raise ValueError(f'{topics}:{n}: expected parent: P child: C child-description: TEXT')
-        if m and m[1].lower() in code:
+        if m[1].lower() in code:
             names[code[m[1].lower()]] = m[2].lower()
-    for n, line in read_lines(tsv) if os.path.exists(tsv) else []:
+    for n, line in read_lines(tsv, False) if os.path.exists(tsv) else []:
         label, _, name = line.partition('\t')
-        if line.strip():
-            if not name.strip():
-                raise ValueError(f'{tsv}:{n}: expected code<TAB>name')
-            names[label.strip()] = name.strip()
+        if not name.strip():
+            raise ValueError(f'{tsv}:{n}: expected code<TAB>name')
+        names[label.strip()] = name.strip()
     return names
 
 
 def _load_value_dict(path):
     with open(path, 'rb') as f:  # An unreadable file gets Python's own error.
+        # Torch raises many kinds of error for a file not its own; what is not a dict has no
+        # items().
         try:
             d = torch.load(f, weights_only=True)
-        except Exception:  # Torch raises many kinds of error for a file not its own.
-            d = None
-    if not isinstance(d, dict) or not all(
-            type(k) is int and isinstance(v, str) for k, v in d.items()):
-        raise ValueError(f"{path}: not HPT's torch file of {{label id (int): name (str)}}")
-    return d
-
-
-def resolve_ids(value_dict, parents, doc_labels, ids_file, taxonomy):
-    """Return the taxonomy label of each id in `doc_labels`. HPT's value_dict names the labels
-    (WOS, RCV1) or their last part (NYT: 'Top/News/World' -> 'World'); a shared one is told apart
-    by the parent, since HPT labels a NYT document with every prefix of its path."""
-    def last(v):
-        return value_dict[v] if type(v) is int else v.rsplit('/', 1)[-1]
-    out = {}
-    for i in sorted({v for labels in doc_labels for v in labels if type(v) is int}):
-        name = value_dict[i]
-        found = [name] if name in parents else [v for v in parents if last(v) == name]
-        if not found:
-            raise ValueError(f'{ids_file}: id {i} ({name!r}) names no label of {taxonomy}')
-        placed = found
-        if len(found) > 1:
-            docs = [{last(v) for v in labels} for labels in doc_labels if i in labels]
-            placed = [c for c in found if parents[c] == 'Root'
-                      or all(last(parents[c]) in d for d in docs)]
-        if len(placed) != 1:
-            raise ValueError(f'{ids_file}: id {i} ({name!r}) may be any of {found} ({taxonomy}): '
-                             "not one of them has its parent's name on every document with this id")
-        out[i] = placed[0]
-    return out
+            if all(type(k) is int and isinstance(v, str) for k, v in d.items()):
+                return d
+        except Exception:
+            pass
+    raise ValueError(f"{path}: not HPT's torch file of {{label id (int): name (str)}}")
 
 
 # The demo, and load_data
 
-DEMO_LEAVES = '''science/physics/quantum science/physics/optics science/biology/genetics
-science/biology/ecology science/chemistry sports/football sports/tennis sports/cycling
-arts/music/jazz arts/music/opera arts/painting arts/cinema business/finance/banking
-business/finance/markets business/retail'''  # The path of each leaf.
+# The path of each leaf; leaves under one parent are a/b/c,d for a/b/c and a/b/d.
+DEMO_LEAVES = '''science/physics/quantum,optics science/biology/genetics,ecology science/chemistry
+sports/football,tennis,cycling arts/music/jazz,opera arts/painting,cinema
+business/finance/banking,markets business/retail'''
 
 
 def load_demo(seed=0, sizes=(1200, 300, 300)):
     """Return the demo's tree and splits: documents of words from their topics' lists and a
     shared background; one in five has two paths."""
-    leaves = [path.split('/') for path in DEMO_LEAVES.split()]
-    parents = {label: parent for path in leaves for parent, label in zip([None] + path, path)}
-    h = Hierarchy(parents)
-    words = [[v] + [f'{v}{c}' for c in 'abcdefg'] for v in h.labels]  # by label id
+    leaves = [(p + x).split('/') for p, xs in re.findall(r'(\S*/)(\S+)', DEMO_LEAVES)
+              for x in xs.split(',')]
+    h = Hierarchy({v: p for path in leaves for p, v in zip([None] + path, path)})
+    words = [[v] + [v + c for c in 'abcdefg'] for v in h.labels]  # by label id
     rng = np.random.default_rng(seed)
 
     def doc():
@@ -359,7 +340,7 @@ def load_demo(seed=0, sizes=(1200, 300, 300)):
                 else f'common{rng.integers(60)}' for _ in range(int(rng.integers(20, 50)))]
         return ' '.join(text), labels
 
-    return h, {s: [doc() for _ in range(n)] for s, n in zip(('train', 'dev', 'test'), sizes)}
+    return h, {s: [doc() for _ in range(n)] for s, n in zip(SPLITS, sizes)}
 
 
 def load_data(name, data_dir=None):
@@ -375,8 +356,8 @@ def load_data(name, data_dir=None):
     source = data_dir or (os.path.join('data', name) if named else name)
     hierarchy, splits = load_wos(source) if name == 'wos' else load_hiagm(source)
     counts = [f'{s} {sum(not t.strip() for t, _ in docs)} empty texts, '
-              f'{sum(not labels for _, labels in docs)} without labels'
-              for s, docs in splits.items() if any(not t.strip() or not ls for t, ls in docs)]
+              f'{sum(not ls for _, ls in docs)} without labels'
+              for s, docs in splits.items() if not all(t.strip() and ls for t, ls in docs)]
     if counts:
         print(f'warning: {source}: {"; ".join(counts)} (kept)', file=sys.stderr)
     if name == 'rcv1' and not any(

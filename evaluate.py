@@ -24,9 +24,7 @@ def f1_scores(predictions, gold, num_labels, labels=None):
         return x.astype(bool) if isinstance(x, np.ndarray) else np.array(
             [np.isin(range(num_labels), list(ls)) for ls in x], bool).reshape(-1, num_labels)
 
-    P, G = matrix(predictions), matrix(gold)
-    if labels is not None:
-        P, G = P[:, labels], G[:, labels]
+    P, G = (matrix(x)[:, slice(None) if labels is None else labels] for x in (predictions, gold))
     # Per label, F1 = 2PR / (P + R) = 2 tp / (predicted + gold).
     tp, n = 2 * (P & G).sum(0), P.sum(0) + G.sum(0)
     per_label = np.divide(tp, n, out=np.zeros(len(tp)), where=n > 0)
@@ -71,7 +69,7 @@ def classify(model, tokenizer, texts):
         leaves = sorted(on - {a for v in on for a in h.path(v)[:-1]})
         out[i] = {'labels': [h.labels[v] for v in sorted(on, key=lambda v: (h.depth[v], v))],
                   'paths': [[h.names[a] for a in h.path(v) if a in on] for v in leaves],
-                  'scores': {h.labels[v]: round(float(s[v]), 4) for v in range(len(h))},
+                  'scores': {v: round(float(x), 4) for v, x in zip(h.labels, s)},
                   'truncated': len(tokens[i]) > budget}
     return out
 
@@ -87,18 +85,17 @@ def check_output(path, flag, ckpt, start):
     """Refuses, before anything is computed, to write `path` into the checkpoint being read, over
     a run's figures, where no folder can be made, or over a file not beginning with `start`."""
     folder = os.path.realpath(ckpt)
-    if os.path.commonpath([os.path.realpath(path), folder]) == folder:
-        raise ValueError(f'{flag} {path}: is inside the checkpoint {ckpt} being read')
-    if os.path.basename(path) in (runs.METRICS, runs.TEST_METRICS):
-        raise ValueError(f"{flag} {path}: is a train.py run's own file")
-    why = runs.unwritable(os.path.dirname(os.path.abspath(path)))
+    why = (f'is inside the checkpoint {ckpt} being read'
+           if os.path.commonpath([os.path.realpath(path), folder]) == folder
+           else "is a train.py run's own file"
+           if os.path.basename(path) in (runs.METRICS, runs.TEST_METRICS)
+           else runs.unwritable(os.path.dirname(os.path.abspath(path))))
+    if not why and os.path.lexists(path):
+        with open(path, 'rb') as f:  # If it is a folder, the OS says so.
+            why = f.read(len(start)) != start.encode() and (
+                f'exists and is not an earlier {flag} file (remove it or choose another name)')
     if why:
         raise ValueError(f'{flag} {path}: {why}')
-    if os.path.lexists(path):
-        with open(path, 'rb') as f:  # If it is a folder, the OS says so.
-            if f.read(len(start)) != start.encode():
-                raise ValueError(f'{flag} {path}: exists and is not an earlier {flag} file '
-                                 '(remove it or choose another name)')
 
 
 def evaluate(args):

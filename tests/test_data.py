@@ -287,10 +287,10 @@ def site(monkeypatch):
 
 @pytest.mark.parametrize('urls, failures', [
     (('/refused', '/moved'), None),  # the second, through a redirect
-    (('/html', '/refused'), ['not a zip holding Meta-data/Data.xlsx (text/html)',
+    (('/html', '/refused'), ['text/html: not a zip holding Meta-data/Data.xlsx',
                              'HTTP Error 403: Forbidden']),
-    (('/html', '/zip'), ['not a zip holding Meta-data/Data.xlsx (text/html)',  # a zip without it
-                         'not a zip holding Meta-data/Data.xlsx (application/zip)'])])
+    (('/html', '/zip'), ['text/html: not a zip holding Meta-data/Data.xlsx',  # a zip without it
+                         'application/zip: not a zip holding Meta-data/Data.xlsx'])])
 def test_wos_download(tmp_path, site, monkeypatch, urls, failures):
     monkeypatch.setattr(data, 'WOS_URLS', tuple(site + u for u in urls))
     folder = tmp_path / 'wos'
@@ -469,7 +469,7 @@ GOOD = json.dumps({'token': 'x', 'label': ['GCAT']})
      'child-description: TEXT'),
     # HPT's WOS folder: label ids, value_dict.pt
     ('WebOfScience_train.json', ['{"token": "x", "label": [1, 9]}'],
-     ':1: label 9 is neither a label of {f}/wos.taxnomy nor an id in {f}/value_dict.pt'),
+     ':1: label 9 is not a label of {f}/wos.taxnomy nor an id in {f}/value_dict.pt'),
     ('value_dict.pt', {0: 'CS', 1: 'Medical', 2: 'Deep learning', 3: 'HIV/AIDS'},
      ": id 2 ('Deep learning') names no label of {f}/wos.taxnomy"),
     *[('value_dict.pt', bad, ": not HPT's torch file of {{label id (int): name (str)}}")
