@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from os.path import dirname, exists, isdir, islink, join
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
@@ -24,23 +25,21 @@ from safetensors import SafetensorError, safe_open
 
 def temporary(path):
     """Return the temporary file of write_whole for `path`: .NAME.tmp beside it."""
-    folder, name = os.path.split(path)
-    return os.path.join(folder, f'.{name}.tmp')
+    return join(dirname(path), f'.{os.path.basename(path)}.tmp')
 
 
 def write_whole(path, text):
     """Writes `text` (str or bytes) to `path` whole or not at all, making its folder: a synced
     temporary renamed over it, removed on any failure (disk full, Ctrl-C). OSErrors name `path`."""
-    folder, tmp = os.path.dirname(os.path.abspath(path)), temporary(path)
+    folder, tmp = dirname(os.path.abspath(path)), temporary(path)
     try:
         os.makedirs(folder, exist_ok=True)
         with open(tmp, 'wb') as f:  # A plain open(), so that the file has the umask's modes.
-            f.write(text if isinstance(text, bytes) else text.encode('utf-8'))
+            f.write(text if isinstance(text, bytes) else text.encode())
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        fd = os.open(folder, os.O_RDONLY)  # The folder is synced so that the rename is on disk.
-        os.fsync(fd)
+        os.fsync(fd := os.open(folder, os.O_RDONLY))  # The folder, so that the rename is on disk.
         os.close(fd)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
@@ -59,20 +58,19 @@ def one_line(e):
 METRICS, TEST_METRICS, WEIGHTS = 'metrics.jsonl', 'test_metrics.json', 'model.safetensors'
 CHECKPOINT = ('tokenizer.json', 'tokenizer_config.json', 'config.json', WEIGHTS)
 RUN = (METRICS, TEST_METRICS, *(f'{c}/{f}' for c in ('best', 'last') for f in CHECKPOINT))
-TMP = tuple(temporary(f) for f in RUN)
+TMP = tuple(map(temporary, RUN))
 # An --overwrite writes its first epoch into NEW, which replaces the earlier run once it is whole.
 NEW = '.new'
 OURS = ('best', 'last') + RUN + TMP  # What train.py writes in a run folder, and in its NEW.
 
 
-def unwritable(folder):
-    """Return why `folder` (made with its parents where missing) cannot be written in, or
+def unwritable(up):
+    """Return why the folder `up` (made with its parents where missing) cannot be written in, or
     None."""
-    up = folder
-    while not os.path.exists(up):
+    while not exists(up):
         # The first folder of a relative name is the working one.
-        up = os.path.dirname(up) or '.'
-    if not os.path.isdir(up):
+        up = dirname(up) or '.'
+    if not isdir(up):
         return f'{up} is a file, not a folder'
     return None if os.access(up, os.W_OK | os.X_OK) else f'{up} is not writable'
 
@@ -83,35 +81,35 @@ def unwritable(folder):
 def _aliases(model):
     """Return the names of tied copies (BERT's decoder weight is its word embeddings), which
     safetensors cannot store; config.json ties them again."""
-    return ({n for n, _ in model.named_parameters(remove_duplicate=False)}
-            - {n for n, _ in model.named_parameters()})
+    return (dict(model.named_parameters(remove_duplicate=False)).keys()
+            - dict(model.named_parameters()))
 
 
 def save_checkpoint(folder, model, tokenizer, meta, extra=None):
     """Writes the tokenizer and config.json (once), then model.safetensors: the weights, the
     `extra` tensors as extra.<name>, and metadata 'lhmix' (what rebuilds the LHMix, and `meta`)."""
     from safetensors.torch import save
-    if not os.path.exists(os.path.join(folder, 'config.json')):
+    if not exists(join(folder, 'config.json')):
         # A temporary folder takes what transformers writes, since version 4 writes more files.
         with tempfile.TemporaryDirectory() as tmp:
             tokenizer.save_pretrained(tmp)
             model.mlm.config.save_pretrained(tmp)
             for f in CHECKPOINT[:-1]:
-                write_whole(os.path.join(folder, f), Path(tmp, f).read_bytes())
+                write_whole(join(folder, f), Path(tmp, f).read_bytes())
     h, aliases = model.hierarchy, _aliases(model)
+    # A root's parent, -1, picks the None after the labels.
     meta = {**{k: getattr(model, k) for k in ('arch', 'base_vocab', 'special', 'max_length')},
             'hierarchy': {'labels': h.labels, 'names': h.names,
-                          'parents': [h.labels[p] if p >= 0 else None for p in h.parent]}, **meta}
-    tensors = {**{k: v for k, v in model.state_dict().items() if k not in aliases},
-               **{f'extra.{k}': v for k, v in (extra or {}).items()}}
-    write_whole(os.path.join(folder, WEIGHTS), save(
-        {k: v.detach().cpu().contiguous() for k, v in tensors.items()},
-        {'lhmix': json.dumps(meta), 'format': 'pt'}))  # transformers writes 'pt' as well
+                          'parents': [[*h.labels, None][p] for p in h.parent]}, **meta}
+    tensors = {**model.state_dict(), **{f'extra.{k}': v for k, v in (extra or {}).items()}}
+    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items() if k not in aliases}
+    # transformers writes 'format': 'pt' as well.
+    write_whole(join(folder, WEIGHTS), save(tensors, {'lhmix': json.dumps(meta), 'format': 'pt'}))
 
 
 def checkpoint_meta(folder):
     """Return the metadata of model.safetensors, its tensors unread (KeyError if it has none)."""
-    path = os.path.join(folder, WEIGHTS)
+    path = join(folder, WEIGHTS)
     # Opened first, because safetensors says 'No such file' of a file it may not read.
     open(path, 'rb').close()
     with safe_open(path, 'pt') as f:
@@ -128,18 +126,16 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
     from lhmix import ARCHS, Hierarchy
     if os.path.isfile(folder):
         raise ValueError(f"{folder}: a file, not a checkpoint folder (such as a run's best/)")
-    if os.path.isdir(os.path.join(folder, 'best')):
-        raise ValueError(f'{folder}: a run, not a checkpoint: pass {os.path.join(folder, "best")}')
-    missing = [f for f in CHECKPOINT if not os.path.exists(os.path.join(folder, f))]
-    if missing:
+    if isdir(join(folder, 'best')):
+        raise ValueError(f'{folder}: a run, not a checkpoint: pass {join(folder, "best")}')
+    if missing := [f for f in CHECKPOINT if not exists(join(folder, f))]:
         raise ValueError(f'{folder}: not an LH-Mix checkpoint (no {", ".join(missing)})')
-    weights = os.path.join(folder, WEIGHTS)
+    weights = join(folder, WEIGHTS)
     try:
         meta, tensors = checkpoint_meta(folder), load_file(weights)
     except (OSError, ValueError, KeyError, SafetensorError) as e:
         raise ValueError(f'{weights}: unreadable, truncated or corrupt ({one_line(e)})') from None
-    meta['extra'] = {k[6:]: tensors.pop(k).to(device) for k in list(tensors)
-                     if k.startswith('extra.')}
+    meta['extra'] = {k[6:]: tensors.pop(k).to(device) for k in list(tensors) if k[:6] == 'extra.'}
     try:
         h = meta['hierarchy']
         # from_config picks SDPA where the family has it, else eager (DeBERTa), as load_pretrained's
@@ -155,13 +151,12 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
                          f'({one_line(e)})') from None
     # Loaded strictly, but for the tied copies, which load with the weight they are tied to.
     want = {k: v.shape for k, v in model.state_dict().items() if k not in _aliases(model)}
-    bad = sorted(k for k in want.keys() | tensors.keys()
-                 if want.get(k) != getattr(tensors.get(k), 'shape', None))
+    bad = sorted({k for k, _ in want.items() ^ {k: v.shape for k, v in tensors.items()}.items()})
     if bad:
         raise ValueError(f'{weights}: weights missing, unexpected or not shaped as config.json '
                          f'says: {bad[0]} and {len(bad) - 1} more')
     model.load_state_dict(tensors, strict=False)
-    if hierarchy is not None and model.hierarchy.labels != hierarchy.labels:
+    if hierarchy and model.hierarchy.labels != hierarchy.labels:
         raise ValueError(f'{folder}: its labels differ from those of the data' + (
             ' in their order (a taxonomy with its lines reordered?)'
             if sorted(model.hierarchy.labels) == sorted(hierarchy.labels) else ''))
@@ -189,7 +184,7 @@ def provenance(device, digests):
 
     def git(*command):  # None where there is no git, or no repository
         with contextlib.suppress(OSError, subprocess.CalledProcessError):
-            return subprocess.run(['git', *command], cwd=os.path.dirname(os.path.abspath(
+            return subprocess.run(['git', *command], cwd=dirname(os.path.abspath(
                 __file__)), capture_output=True, text=True, check=True).stdout.strip()
     commit = git('rev-parse', 'HEAD')
     changes = commit and git('status', '--porcelain', '--untracked-files=no')
@@ -206,7 +201,7 @@ def delete_run(folder, names=RUN + TMP):
         Path(folder, name).unlink(missing_ok=True)
     for sub in ('best', 'last'):
         with contextlib.suppress(OSError):  # The OS removes only an empty folder.
-            os.rmdir(os.path.join(folder, sub))
+            os.rmdir(join(folder, sub))
 
 
 def settle(folder):
@@ -215,14 +210,14 @@ def settle(folder):
     last/ are each deleted and NEW's moved into their place (what NEW lacks is kept). NEW's last/
     moves last, so that after a kill at any instant, settle() finishes the replacement. A part of
     an epoch is deleted, and the earlier run stays."""
-    new = os.path.join(folder, NEW)
-    if os.path.exists(os.path.join(new, 'last', WEIGHTS)):
+    new = join(folder, NEW)
+    if exists(join(new, 'last', WEIGHTS)):
         delete_run(folder, (TEST_METRICS,) + TMP)
         for name in ('best', METRICS, 'last'):
-            if os.path.lexists(os.path.join(new, name)):
+            if os.path.lexists(join(new, name)):
                 delete_run(folder, [n for n in RUN if n.startswith(name)])
-                os.replace(os.path.join(new, name), os.path.join(folder, name))
-    if os.path.isdir(new):
+                os.replace(join(new, name), join(folder, name))
+    if isdir(new):
         delete_run(new)
         os.rmdir(new)
 
@@ -241,15 +236,15 @@ class RunFolder:
     def __init__(self, out, resume=False, overwrite=False):
         self.name, self.path = out, os.path.realpath(out)
         self.saved, self.replacing = True, False  # So far, a failure deletes nothing.
-        if os.path.islink(out) and not os.path.exists(out):
+        if islink(out) and not exists(out):
             raise ValueError(f'--out {out}: a symbolic link to nothing ({self.path})')
         # An unwritable folder is refused now, not at the first save, an epoch later.
         why = next(filter(None, map(unwritable, (out, f'{out}/best', f'{out}/last'))), None)
         if why:
             raise ValueError(f'--out {out}: {why}')
         self.made, up = [], self.path  # The folders made here, deepest first.
-        while not os.path.exists(up):
-            self.made, up = self.made + [up], os.path.dirname(up)
+        while not exists(up):
+            self.made, up = self.made + [up], dirname(up)
         os.makedirs(self.path, exist_ok=True)
         self.fd = os.open(self.path, os.O_RDONLY)
         try:  # Refused before the clean-up below, which would remove the holder's folders.
@@ -268,11 +263,11 @@ class RunFolder:
     def _check(self, resume, overwrite):
         """Refuses --out as it is, or says whether an earlier run is to be replaced."""
         # A link would have the run write or delete outside --out, in the user's own files.
-        link = next((n for n in (NEW,) + OURS if os.path.islink(os.path.join(self.path, n))), None)
+        link = next((n for n in (NEW,) + OURS if islink(join(self.path, n))), None)
         if link:
             raise ValueError(
-                f'--out {self.name}: {os.path.join(self.name, link)} is a symbolic link (to '
-                f'{os.readlink(os.path.join(self.path, link))}), which train.py does not follow: '
+                f'--out {self.name}: {join(self.name, link)} is a symbolic link (to '
+                f'{os.readlink(join(self.path, link))}), which train.py does not follow: '
                 'put what it names in its place, or choose another --out')
         self._refuse_others(NEW)  # settle() deletes only train.py's files, and stops at another.
         settle(self.path)  # An --overwrite killed while it saved its first epoch.
@@ -284,7 +279,7 @@ class RunFolder:
         if resume or not top:
             return False
         try:
-            checkpoint_meta(os.path.join(self.path, 'last'))['history']
+            checkpoint_meta(join(self.path, 'last'))['history']
             why = None
         except Exception as e:  # Missing, unreadable, not a run's: the message says which.
             why = one_line(e)
@@ -308,12 +303,12 @@ class RunFolder:
     def _refuse_others(self, sub=''):
         """Refuses --out if --out/sub holds a name train.py does not write, or a link: the first,
         found without a full walk."""
-        folder = os.path.join(self.path, sub)
+        folder = join(self.path, sub)
         other = next((n for r, dirs, files in os.walk(folder) for n in (
-            os.path.relpath(os.path.join(r, x), folder) for x in sorted(dirs + files))
-            if n not in OURS or os.path.islink(os.path.join(folder, n))), None)
+            os.path.relpath(join(r, x), folder) for x in sorted(dirs + files))
+            if n not in OURS or islink(join(folder, n))), None)
         if other:
-            raise ValueError(f'--out {self.name}: {os.path.join(self.name, sub, other)} is not a '
+            raise ValueError(f'--out {self.name}: {join(self.name, sub, other)} is not a '
                              'file train.py writes; move it away, or choose another --out')
 
     def __enter__(self):
@@ -335,7 +330,7 @@ class RunFolder:
     def load_last(self, device='cpu'):
         """Return last/'s (model, tokenizer, meta), with Adam's state in meta['adam'], as its
         state_dict() holds it."""
-        model, tokenizer, meta = load_checkpoint(os.path.join(self.path, 'last'), device)
+        model, tokenizer, meta = load_checkpoint(join(self.path, 'last'), device)
         meta['adam'] = {}
         for key in [k for k in meta['extra'] if k.startswith('adam.')]:
             _, i, name = key.split('.')
@@ -348,15 +343,15 @@ class RunFolder:
         the epoch at --resume. An --overwrite's first epoch is written into NEW, and replaces the
         earlier run once whole there; if it cannot be written (a disk too small for both, say),
         the earlier run stays."""
-        root = os.path.join(self.path, NEW) if self.replacing else self.path
+        root = join(self.path, NEW) if self.replacing else self.path
         try:
             if since_best(history) == 0:
-                save_checkpoint(os.path.join(root, 'best'), model, tokenizer, {
+                save_checkpoint(join(root, 'best'), model, tokenizer, {
                     **meta, 'epoch': len(history) - 1, 'dev': history[-1]}, extra)
-            write_whole(os.path.join(root, METRICS), ''.join(json.dumps(h) + '\n' for h in history))
+            write_whole(join(root, METRICS), ''.join(json.dumps(h) + '\n' for h in history))
             state = {f'adam.{i}.{k}': v for i, kept in adam.state_dict()['state'].items()
                      for k, v in kept.items()}
-            save_checkpoint(os.path.join(root, 'last'), model, tokenizer,
+            save_checkpoint(join(root, 'last'), model, tokenizer,
                             {**meta, 'history': history}, {**extra, **state})
         except OSError as e:
             if self.replacing:
