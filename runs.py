@@ -195,13 +195,18 @@ def provenance(device, digests):
             'data': digests}
 
 
+def rmdirs(*folders):
+    """Removes those of these folders that are empty."""
+    for folder in folders:
+        with contextlib.suppress(OSError):  # The OS removes only an empty folder.
+            os.rmdir(folder)
+
+
 def delete_run(folder, names=RUN + TMP):
     """Deletes these files of a run in `folder`, then best/ and last/ if empty (not `folder`)."""
     for name in names:
         Path(folder, name).unlink(missing_ok=True)
-    for sub in ('best', 'last'):
-        with contextlib.suppress(OSError):  # The OS removes only an empty folder.
-            os.rmdir(join(folder, sub))
+    rmdirs(join(folder, 'best'), join(folder, 'last'))
 
 
 def settle(folder):
@@ -239,20 +244,17 @@ class RunFolder:
         if islink(out) and not exists(out):
             raise ValueError(f'--out {out}: a symbolic link to nothing ({self.path})')
         # An unwritable folder is refused now, not at the first save, an epoch later.
-        why = next(filter(None, map(unwritable, (out, f'{out}/best', f'{out}/last'))), None)
-        if why:
+        if why := unwritable(out) or unwritable(f'{out}/best') or unwritable(f'{out}/last'):
             raise ValueError(f'--out {out}: {why}')
-        self.made, up = [], self.path  # The folders made here, deepest first.
-        while not exists(up):
-            self.made, up = self.made + [up], dirname(up)
+        # The folders made here, deepest first (a missing folder's subfolders are missing too).
+        self.made = [p for p in (self.path, *map(str, Path(self.path).parents)) if not exists(p)]
         os.makedirs(self.path, exist_ok=True)
         self.fd = os.open(self.path, os.O_RDONLY)
         try:  # Refused before the clean-up below, which would remove the holder's folders.
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(self.fd)
-            raise ValueError(f'--out {out}: another train.py is using it; let it end, '
-                             'or choose another --out') from None
+            self._refuse('another train.py is using it; let it end')
         try:
             self.replacing = self._check(resume, overwrite)
         except BaseException:
@@ -263,39 +265,36 @@ class RunFolder:
     def _check(self, resume, overwrite):
         """Refuses --out as it is, or says whether an earlier run is to be replaced."""
         # A link would have the run write or delete outside --out, in the user's own files.
-        link = next((n for n in (NEW,) + OURS if islink(join(self.path, n))), None)
-        if link:
-            raise ValueError(
-                f'--out {self.name}: {join(self.name, link)} is a symbolic link (to '
-                f'{os.readlink(join(self.path, link))}), which train.py does not follow: '
-                'put what it names in its place, or choose another --out')
+        if link := next((n for n in (NEW,) + OURS if islink(join(self.path, n))), None):
+            self._refuse(f'{join(self.name, link)} is a symbolic link (to '
+                         f'{os.readlink(join(self.path, link))}), which train.py does not follow: '
+                         'put what it names in its place')
         self._refuse_others(NEW)  # settle() deletes only train.py's files, and stops at another.
         settle(self.path)  # An --overwrite killed while it saved its first epoch.
-        top = os.listdir(self.path)
+        top = set(os.listdir(self.path))
         if resume and 'last' not in top:
             raise ValueError(f'--resume: {self.name} holds no run to continue')
         if resume:
             delete_run(self.path, TMP)  # What killed saves left.
         if resume or not top:
             return False
+        why = None
         try:
             checkpoint_meta(join(self.path, 'last'))['history']
-            why = None
         except Exception as e:  # Missing, unreadable, not a run's: the message says which.
             why = one_line(e)
-        if why is None and not overwrite:
-            raise ValueError(f'--out {self.name}: holds an earlier run: continue it (--resume), '
-                             'replace it (--overwrite) or choose another --out')
+        if not (why or overwrite):  # why, a one_line(), is never empty.
+            self._refuse('holds an earlier run: continue it (--resume), replace it (--overwrite)')
         self._refuse_others()
         # A run's figures without best/ and last/ are no state that train.py leaves: records kept
         # apart from their checkpoints, which not even --overwrite replaces.
-        if {METRICS, TEST_METRICS} & set(top) and not {'best', 'last'} & set(top):
+        if {METRICS, TEST_METRICS} & top and not {'best', 'last'} & top:
             raise ValueError(f"--out {self.name}: holds a run's records without its checkpoints "
                              '(as results/records keeps them); choose another --out')
         if not overwrite:
-            raise ValueError(f'--out {self.name}: holds a run that saved no epoch or is damaged '
-                             f'({why}); replace it with --overwrite, or choose another --out')
-        if why is not None:
+            self._refuse(f'holds a run that saved no epoch or is damaged ({why}); replace it with '
+                         '--overwrite')
+        if why:
             print(f'--overwrite: {self.name} holds a run that saved no epoch or is damaged '
                   f'({why}); replacing it', file=sys.stderr)
         return True
@@ -304,12 +303,15 @@ class RunFolder:
         """Refuses --out if --out/sub holds a name train.py does not write, or a link: the first,
         found without a full walk."""
         folder = join(self.path, sub)
-        other = next((n for r, dirs, files in os.walk(folder) for n in (
-            os.path.relpath(join(r, x), folder) for x in sorted(dirs + files))
-            if n not in OURS or islink(join(folder, n))), None)
-        if other:
-            raise ValueError(f'--out {self.name}: {join(self.name, sub, other)} is not a '
-                             'file train.py writes; move it away, or choose another --out')
+        if other := next((n for r, dirs, files in os.walk(folder) for n in (
+                os.path.relpath(join(r, x), folder) for x in sorted(dirs + files))
+                if n not in OURS or islink(join(folder, n))), None):
+            self._refuse(f'{join(self.name, sub, other)} is not a file train.py writes; move it '
+                         'away')
+
+    def _refuse(self, why):
+        """Refuses --out for `why`, which ends in the fix; choosing another --out is one too."""
+        raise ValueError(f'--out {self.name}: {why}, or choose another --out') from None
 
     def __enter__(self):
         return self
@@ -322,20 +324,18 @@ class RunFolder:
             settle(self.path)
         elif failed and not self.saved:
             delete_run(self.path)
-        for folder in self.made:
-            with contextlib.suppress(OSError):
-                os.rmdir(folder)
+        rmdirs(*self.made)
         os.close(self.fd)
 
     def load_last(self, device='cpu'):
         """Return last/'s (model, tokenizer, meta), with Adam's state in meta['adam'], as its
         state_dict() holds it."""
-        model, tokenizer, meta = load_checkpoint(join(self.path, 'last'), device)
+        *loaded, meta = load_checkpoint(join(self.path, 'last'), device)
         meta['adam'] = {}
-        for key in [k for k in meta['extra'] if k.startswith('adam.')]:
+        for key in [k for k in meta['extra'] if k[:5] == 'adam.']:
             _, i, name = key.split('.')
             meta['adam'].setdefault(int(i), {})[name] = meta['extra'].pop(key)
-        return model, tokenizer, meta
+        return *loaded, meta
 
     def save(self, model, tokenizer, meta, history, extra, adam):
         """Writes best/ (if the last epoch is the best: since_best), metrics.jsonl, then last/
@@ -343,9 +343,9 @@ class RunFolder:
         the epoch at --resume. An --overwrite's first epoch is written into NEW, and replaces the
         earlier run once whole there; if it cannot be written (a disk too small for both, say),
         the earlier run stays."""
-        root = join(self.path, NEW) if self.replacing else self.path
+        root = join(self.path, NEW * self.replacing)  # NEW, or the run folder itself
         try:
-            if since_best(history) == 0:
+            if not since_best(history):
                 save_checkpoint(join(root, 'best'), model, tokenizer, {
                     **meta, 'epoch': len(history) - 1, 'dev': history[-1]}, extra)
             write_whole(join(root, METRICS), ''.join(json.dumps(h) + '\n' for h in history))
