@@ -43,8 +43,8 @@ def write_whole(path, text):
         os.close(fd)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
-        if isinstance(e, OSError) and not e.filename:  # fsync's error names no file.
-            e.filename = path
+        if isinstance(e, OSError):  # fsync's error names no file.
+            e.filename = e.filename or path
         raise
 
 
@@ -170,10 +170,8 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
 def digest(hierarchy, splits):
     """Return what --resume checks against the run's, and its record keeps: SHA-256 digests of
     the labels and their tree, of the label names, and of each split's documents, whole."""
-    def sha(x):
-        return hashlib.sha256(json.dumps(x).encode()).hexdigest()
-    return {'labels': sha([hierarchy.labels, hierarchy.parent]), 'names': sha(hierarchy.names),
-            **{k: sha(docs) for k, docs in splits.items()}}
+    return {k: hashlib.sha256(json.dumps(x).encode()).hexdigest() for k, x in {
+        'labels': [hierarchy.labels, hierarchy.parent], 'names': hierarchy.names, **splits}.items()}
 
 
 def provenance(device, digests):
@@ -291,12 +289,11 @@ class RunFolder:
         if {METRICS, TEST_METRICS} & top and not {'best', 'last'} & top:
             raise ValueError(f"--out {self.name}: holds a run's records without its checkpoints "
                              '(as results/records keeps them); choose another --out')
+        damaged = f'holds a run that saved no epoch or is damaged ({why})'
         if not overwrite:
-            self._refuse(f'holds a run that saved no epoch or is damaged ({why}); replace it with '
-                         '--overwrite')
+            self._refuse(f'{damaged}; replace it with --overwrite')
         if why:
-            print(f'--overwrite: {self.name} holds a run that saved no epoch or is damaged '
-                  f'({why}); replacing it', file=sys.stderr)
+            print(f'--overwrite: {self.name} {damaged}; replacing it', file=sys.stderr)
         return True
 
     def _refuse_others(self, sub=''):
@@ -320,10 +317,8 @@ class RunFolder:
         """On failure, deletes what this run wrote if it saved no epoch (an --overwrite's part of
         one, in NEW); removes the folders it made if they are empty (on success they hold the
         run); then unlocks."""
-        if failed and self.replacing:
-            settle(self.path)
-        elif failed and not self.saved:
-            delete_run(self.path)
+        if failed and (self.replacing or not self.saved):
+            (settle if self.replacing else delete_run)(self.path)
         rmdirs(*self.made)
         os.close(self.fd)
 
@@ -349,10 +344,9 @@ class RunFolder:
                 save_checkpoint(join(root, 'best'), model, tokenizer, {
                     **meta, 'epoch': len(history) - 1, 'dev': history[-1]}, extra)
             write_whole(join(root, METRICS), ''.join(json.dumps(h) + '\n' for h in history))
-            state = {f'adam.{i}.{k}': v for i, kept in adam.state_dict()['state'].items()
-                     for k, v in kept.items()}
-            save_checkpoint(join(root, 'last'), model, tokenizer,
-                            {**meta, 'history': history}, {**extra, **state})
+            save_checkpoint(join(root, 'last'), model, tokenizer, {**meta, 'history': history}, {
+                **extra, **{f'adam.{i}.{k}': v for i, kept in adam.state_dict()['state'].items()
+                            for k, v in kept.items()}})
         except OSError as e:
             if self.replacing:
                 e.strerror += f'; the earlier run in {self.name} is kept'
@@ -371,11 +365,11 @@ def device(name):
     if not re.fullmatch(r'cpu|cuda(:\d+)?' if cuda else 'cpu', name):
         raise argparse.ArgumentTypeError(
             f'{name}: only cpu' + (', cuda or cuda:N' if cuda else ' (no CUDA GPU here)'))
-    n, index = torch.cuda.device_count(), torch.device(name).index
-    if index is not None and index >= n:  # Torch would fail only once the data is read.
+    n, d = torch.cuda.device_count(), torch.device(name)
+    if d.index is not None and d.index >= n:  # Torch would fail only once the data is read.
         raise argparse.ArgumentTypeError(f'{name}: CUDA sees {n} GPU' + (
             f's here (cuda:0 to cuda:{n - 1})' if n > 1 else ' here (cuda:0)'))
-    return torch.device(name)
+    return d
 
 
 def parser(doc):
