@@ -2,7 +2,6 @@
 holds, its files and checkpoints; and what the scripts share: their parser, --device and the
 one error exit."""
 import argparse
-import contextlib
 import fcntl
 import hashlib
 import json
@@ -12,6 +11,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from contextlib import suppress
 from os.path import dirname, exists, isdir, islink, join
 from pathlib import Path
 
@@ -70,9 +70,8 @@ def unwritable(up):
     while not exists(up):
         # The first folder of a relative name is the working one.
         up = dirname(up) or '.'
-    if not isdir(up):
-        return f'{up} is a file, not a folder'
-    return None if os.access(up, os.W_OK | os.X_OK) else f'{up} is not writable'
+    if not isdir(up) or not os.access(up, os.W_OK | os.X_OK):
+        return f'{up} is ' + ('not writable' if isdir(up) else 'a file, not a folder')
 
 
 # Checkpoints: a folder of CHECKPOINT, each file replaced whole. model.safetensors, written last,
@@ -181,7 +180,7 @@ def provenance(device, digests):
     import transformers
 
     def git(*command):  # None where there is no git, or no repository
-        with contextlib.suppress(OSError, subprocess.CalledProcessError):
+        with suppress(OSError, subprocess.CalledProcessError):
             return subprocess.run(['git', *command], cwd=dirname(os.path.abspath(
                 __file__)), capture_output=True, text=True, check=True).stdout.strip()
     commit = git('rev-parse', 'HEAD')
@@ -196,7 +195,7 @@ def provenance(device, digests):
 def rmdirs(*folders):
     """Removes those of these folders that are empty."""
     for folder in folders:
-        with contextlib.suppress(OSError):  # The OS removes only an empty folder.
+        with suppress(OSError):  # The OS removes only an empty folder.
             os.rmdir(folder)
 
 
