@@ -2,7 +2,6 @@
 holds, its files and checkpoints; and what the scripts share: their parser, --device and the
 one error exit."""
 import argparse
-import contextlib
 import fcntl
 import hashlib
 import json
@@ -12,6 +11,8 @@ import re
 import subprocess
 import sys
 import tempfile
+from contextlib import suppress
+from os.path import dirname, exists, isdir, islink, join
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
@@ -24,28 +25,26 @@ from safetensors import SafetensorError, safe_open
 
 def temporary(path):
     """Return the temporary file of write_whole for `path`: .NAME.tmp beside it."""
-    folder, name = os.path.split(path)
-    return os.path.join(folder, f'.{name}.tmp')
+    return join(dirname(path), f'.{os.path.basename(path)}.tmp')
 
 
 def write_whole(path, text):
     """Writes `text` (str or bytes) to `path` whole or not at all, making its folder: a synced
     temporary renamed over it, removed on any failure (disk full, Ctrl-C). OSErrors name `path`."""
-    folder, tmp = os.path.dirname(os.path.abspath(path)), temporary(path)
+    folder, tmp = dirname(os.path.abspath(path)), temporary(path)
     try:
         os.makedirs(folder, exist_ok=True)
         with open(tmp, 'wb') as f:  # A plain open(), so that the file has the umask's modes.
-            f.write(text if isinstance(text, bytes) else text.encode('utf-8'))
+            f.write(text if isinstance(text, bytes) else text.encode())
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        fd = os.open(folder, os.O_RDONLY)  # The folder is synced so that the rename is on disk.
-        os.fsync(fd)
+        os.fsync(fd := os.open(folder, os.O_RDONLY))  # The folder, so that the rename is on disk.
         os.close(fd)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
-        if isinstance(e, OSError) and not e.filename:  # fsync's error names no file.
-            e.filename = path
+        if isinstance(e, OSError):  # fsync's error names no file.
+            e.filename = e.filename or path
         raise
 
 
@@ -59,22 +58,20 @@ def one_line(e):
 METRICS, TEST_METRICS, WEIGHTS = 'metrics.jsonl', 'test_metrics.json', 'model.safetensors'
 CHECKPOINT = ('tokenizer.json', 'tokenizer_config.json', 'config.json', WEIGHTS)
 RUN = (METRICS, TEST_METRICS, *(f'{c}/{f}' for c in ('best', 'last') for f in CHECKPOINT))
-TMP = tuple(temporary(f) for f in RUN)
+TMP = tuple(map(temporary, RUN))
 # An --overwrite writes its first epoch into NEW, which replaces the earlier run once it is whole.
 NEW = '.new'
 OURS = ('best', 'last') + RUN + TMP  # What train.py writes in a run folder, and in its NEW.
 
 
-def unwritable(folder):
-    """Return why `folder` (made with its parents where missing) cannot be written in, or
+def unwritable(up):
+    """Return why the folder `up` (made with its parents where missing) cannot be written in, or
     None."""
-    up = folder
-    while not os.path.exists(up):
+    while not exists(up):
         # The first folder of a relative name is the working one.
-        up = os.path.dirname(up) or '.'
-    if not os.path.isdir(up):
-        return f'{up} is a file, not a folder'
-    return None if os.access(up, os.W_OK | os.X_OK) else f'{up} is not writable'
+        up = dirname(up) or '.'
+    if not isdir(up) or not os.access(up, os.W_OK | os.X_OK):
+        return f'{up} is ' + ('not writable' if isdir(up) else 'a file, not a folder')
 
 
 # Checkpoints: a folder of CHECKPOINT, each file replaced whole. model.safetensors, written last,
@@ -83,35 +80,35 @@ def unwritable(folder):
 def _aliases(model):
     """Return the names of tied copies (BERT's decoder weight is its word embeddings), which
     safetensors cannot store; config.json ties them again."""
-    return ({n for n, _ in model.named_parameters(remove_duplicate=False)}
-            - {n for n, _ in model.named_parameters()})
+    return (dict(model.named_parameters(remove_duplicate=False)).keys()
+            - dict(model.named_parameters()))
 
 
 def save_checkpoint(folder, model, tokenizer, meta, extra=None):
     """Writes the tokenizer and config.json (once), then model.safetensors: the weights, the
     `extra` tensors as extra.<name>, and metadata 'lhmix' (what rebuilds the LHMix, and `meta`)."""
     from safetensors.torch import save
-    if not os.path.exists(os.path.join(folder, 'config.json')):
+    if not exists(join(folder, 'config.json')):
         # A temporary folder takes what transformers writes, since version 4 writes more files.
         with tempfile.TemporaryDirectory() as tmp:
             tokenizer.save_pretrained(tmp)
             model.mlm.config.save_pretrained(tmp)
             for f in CHECKPOINT[:-1]:
-                write_whole(os.path.join(folder, f), Path(tmp, f).read_bytes())
+                write_whole(join(folder, f), Path(tmp, f).read_bytes())
     h, aliases = model.hierarchy, _aliases(model)
+    # A root's parent, -1, picks the None after the labels.
     meta = {**{k: getattr(model, k) for k in ('arch', 'base_vocab', 'special', 'max_length')},
             'hierarchy': {'labels': h.labels, 'names': h.names,
-                          'parents': [h.labels[p] if p >= 0 else None for p in h.parent]}, **meta}
-    tensors = {**{k: v for k, v in model.state_dict().items() if k not in aliases},
-               **{f'extra.{k}': v for k, v in (extra or {}).items()}}
-    write_whole(os.path.join(folder, WEIGHTS), save(
-        {k: v.detach().cpu().contiguous() for k, v in tensors.items()},
-        {'lhmix': json.dumps(meta), 'format': 'pt'}))  # transformers writes 'pt' as well
+                          'parents': [[*h.labels, None][p] for p in h.parent]}, **meta}
+    tensors = {**model.state_dict(), **{f'extra.{k}': v for k, v in (extra or {}).items()}}
+    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items() if k not in aliases}
+    # transformers writes 'format': 'pt' as well.
+    write_whole(join(folder, WEIGHTS), save(tensors, {'lhmix': json.dumps(meta), 'format': 'pt'}))
 
 
 def checkpoint_meta(folder):
     """Return the metadata of model.safetensors, its tensors unread (KeyError if it has none)."""
-    path = os.path.join(folder, WEIGHTS)
+    path = join(folder, WEIGHTS)
     # Opened first, because safetensors says 'No such file' of a file it may not read.
     open(path, 'rb').close()
     with safe_open(path, 'pt') as f:
@@ -128,18 +125,16 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
     from lhmix import ARCHS, Hierarchy
     if os.path.isfile(folder):
         raise ValueError(f"{folder}: a file, not a checkpoint folder (such as a run's best/)")
-    if os.path.isdir(os.path.join(folder, 'best')):
-        raise ValueError(f'{folder}: a run, not a checkpoint: pass {os.path.join(folder, "best")}')
-    missing = [f for f in CHECKPOINT if not os.path.exists(os.path.join(folder, f))]
-    if missing:
+    if isdir(join(folder, 'best')):
+        raise ValueError(f'{folder}: a run, not a checkpoint: pass {join(folder, "best")}')
+    if missing := [f for f in CHECKPOINT if not exists(join(folder, f))]:
         raise ValueError(f'{folder}: not an LH-Mix checkpoint (no {", ".join(missing)})')
-    weights = os.path.join(folder, WEIGHTS)
+    weights = join(folder, WEIGHTS)
     try:
         meta, tensors = checkpoint_meta(folder), load_file(weights)
     except (OSError, ValueError, KeyError, SafetensorError) as e:
         raise ValueError(f'{weights}: unreadable, truncated or corrupt ({one_line(e)})') from None
-    meta['extra'] = {k[6:]: tensors.pop(k).to(device) for k in list(tensors)
-                     if k.startswith('extra.')}
+    meta['extra'] = {k[6:]: tensors.pop(k).to(device) for k in list(tensors) if k[:6] == 'extra.'}
     try:
         h = meta['hierarchy']
         # from_config picks SDPA where the family has it, else eager (DeBERTa), as load_pretrained's
@@ -155,13 +150,12 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
                          f'({one_line(e)})') from None
     # Loaded strictly, but for the tied copies, which load with the weight they are tied to.
     want = {k: v.shape for k, v in model.state_dict().items() if k not in _aliases(model)}
-    bad = sorted(k for k in want.keys() | tensors.keys()
-                 if want.get(k) != getattr(tensors.get(k), 'shape', None))
+    bad = sorted({k for k, _ in want.items() ^ {k: v.shape for k, v in tensors.items()}.items()})
     if bad:
         raise ValueError(f'{weights}: weights missing, unexpected or not shaped as config.json '
                          f'says: {bad[0]} and {len(bad) - 1} more')
     model.load_state_dict(tensors, strict=False)
-    if hierarchy is not None and model.hierarchy.labels != hierarchy.labels:
+    if hierarchy and model.hierarchy.labels != hierarchy.labels:
         raise ValueError(f'{folder}: its labels differ from those of the data' + (
             ' in their order (a taxonomy with its lines reordered?)'
             if sorted(model.hierarchy.labels) == sorted(hierarchy.labels) else ''))
@@ -175,10 +169,8 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
 def digest(hierarchy, splits):
     """Return what --resume checks against the run's, and its record keeps: SHA-256 digests of
     the labels and their tree, of the label names, and of each split's documents, whole."""
-    def sha(x):
-        return hashlib.sha256(json.dumps(x).encode()).hexdigest()
-    return {'labels': sha([hierarchy.labels, hierarchy.parent]), 'names': sha(hierarchy.names),
-            **{k: sha(docs) for k, docs in splits.items()}}
+    return {k: hashlib.sha256(json.dumps(x).encode()).hexdigest() for k, x in {
+        'labels': [hierarchy.labels, hierarchy.parent], 'names': hierarchy.names, **splits}.items()}
 
 
 def provenance(device, digests):
@@ -188,8 +180,8 @@ def provenance(device, digests):
     import transformers
 
     def git(*command):  # None where there is no git, or no repository
-        with contextlib.suppress(OSError, subprocess.CalledProcessError):
-            return subprocess.run(['git', *command], cwd=os.path.dirname(os.path.abspath(
+        with suppress(OSError, subprocess.CalledProcessError):
+            return subprocess.run(['git', *command], cwd=dirname(os.path.abspath(
                 __file__)), capture_output=True, text=True, check=True).stdout.strip()
     commit = git('rev-parse', 'HEAD')
     changes = commit and git('status', '--porcelain', '--untracked-files=no')
@@ -200,13 +192,18 @@ def provenance(device, digests):
             'data': digests}
 
 
+def rmdirs(*folders):
+    """Removes those of these folders that are empty."""
+    for folder in folders:
+        with suppress(OSError):  # The OS removes only an empty folder.
+            os.rmdir(folder)
+
+
 def delete_run(folder, names=RUN + TMP):
     """Deletes these files of a run in `folder`, then best/ and last/ if empty (not `folder`)."""
     for name in names:
         Path(folder, name).unlink(missing_ok=True)
-    for sub in ('best', 'last'):
-        with contextlib.suppress(OSError):  # The OS removes only an empty folder.
-            os.rmdir(os.path.join(folder, sub))
+    rmdirs(join(folder, 'best'), join(folder, 'last'))
 
 
 def settle(folder):
@@ -215,14 +212,14 @@ def settle(folder):
     last/ are each deleted and NEW's moved into their place (what NEW lacks is kept). NEW's last/
     moves last, so that after a kill at any instant, settle() finishes the replacement. A part of
     an epoch is deleted, and the earlier run stays."""
-    new = os.path.join(folder, NEW)
-    if os.path.exists(os.path.join(new, 'last', WEIGHTS)):
+    new = join(folder, NEW)
+    if exists(join(new, 'last', WEIGHTS)):
         delete_run(folder, (TEST_METRICS,) + TMP)
         for name in ('best', METRICS, 'last'):
-            if os.path.lexists(os.path.join(new, name)):
+            if os.path.lexists(join(new, name)):
                 delete_run(folder, [n for n in RUN if n.startswith(name)])
-                os.replace(os.path.join(new, name), os.path.join(folder, name))
-    if os.path.isdir(new):
+                os.replace(join(new, name), join(folder, name))
+    if isdir(new):
         delete_run(new)
         os.rmdir(new)
 
@@ -241,23 +238,20 @@ class RunFolder:
     def __init__(self, out, resume=False, overwrite=False):
         self.name, self.path = out, os.path.realpath(out)
         self.saved, self.replacing = True, False  # So far, a failure deletes nothing.
-        if os.path.islink(out) and not os.path.exists(out):
+        if islink(out) and not exists(out):
             raise ValueError(f'--out {out}: a symbolic link to nothing ({self.path})')
         # An unwritable folder is refused now, not at the first save, an epoch later.
-        why = next(filter(None, map(unwritable, (out, f'{out}/best', f'{out}/last'))), None)
-        if why:
+        if why := unwritable(out) or unwritable(f'{out}/best') or unwritable(f'{out}/last'):
             raise ValueError(f'--out {out}: {why}')
-        self.made, up = [], self.path  # The folders made here, deepest first.
-        while not os.path.exists(up):
-            self.made, up = self.made + [up], os.path.dirname(up)
+        # The folders made here, deepest first (a missing folder's subfolders are missing too).
+        self.made = [p for p in (self.path, *map(str, Path(self.path).parents)) if not exists(p)]
         os.makedirs(self.path, exist_ok=True)
         self.fd = os.open(self.path, os.O_RDONLY)
         try:  # Refused before the clean-up below, which would remove the holder's folders.
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(self.fd)
-            raise ValueError(f'--out {out}: another train.py is using it; let it end, '
-                             'or choose another --out') from None
+            self._refuse('another train.py is using it; let it end')
         try:
             self.replacing = self._check(resume, overwrite)
         except BaseException:
@@ -268,53 +262,52 @@ class RunFolder:
     def _check(self, resume, overwrite):
         """Refuses --out as it is, or says whether an earlier run is to be replaced."""
         # A link would have the run write or delete outside --out, in the user's own files.
-        link = next((n for n in (NEW,) + OURS if os.path.islink(os.path.join(self.path, n))), None)
-        if link:
-            raise ValueError(
-                f'--out {self.name}: {os.path.join(self.name, link)} is a symbolic link (to '
-                f'{os.readlink(os.path.join(self.path, link))}), which train.py does not follow: '
-                'put what it names in its place, or choose another --out')
+        if link := next((n for n in (NEW,) + OURS if islink(join(self.path, n))), None):
+            self._refuse(f'{join(self.name, link)} is a symbolic link (to '
+                         f'{os.readlink(join(self.path, link))}), which train.py does not follow: '
+                         'put what it names in its place')
         self._refuse_others(NEW)  # settle() deletes only train.py's files, and stops at another.
         settle(self.path)  # An --overwrite killed while it saved its first epoch.
-        top = os.listdir(self.path)
+        top = set(os.listdir(self.path))
         if resume and 'last' not in top:
             raise ValueError(f'--resume: {self.name} holds no run to continue')
         if resume:
             delete_run(self.path, TMP)  # What killed saves left.
         if resume or not top:
             return False
+        why = None
         try:
-            checkpoint_meta(os.path.join(self.path, 'last'))['history']
-            why = None
+            checkpoint_meta(join(self.path, 'last'))['history']
         except Exception as e:  # Missing, unreadable, not a run's: the message says which.
             why = one_line(e)
-        if why is None and not overwrite:
-            raise ValueError(f'--out {self.name}: holds an earlier run: continue it (--resume), '
-                             'replace it (--overwrite) or choose another --out')
+        if not (why or overwrite):  # why, a one_line(), is never empty.
+            self._refuse('holds an earlier run: continue it (--resume), replace it (--overwrite)')
         self._refuse_others()
         # A run's figures without best/ and last/ are no state that train.py leaves: records kept
         # apart from their checkpoints, which not even --overwrite replaces.
-        if {METRICS, TEST_METRICS} & set(top) and not {'best', 'last'} & set(top):
+        if {METRICS, TEST_METRICS} & top and not {'best', 'last'} & top:
             raise ValueError(f"--out {self.name}: holds a run's records without its checkpoints "
                              '(as results/records keeps them); choose another --out')
+        damaged = f'holds a run that saved no epoch or is damaged ({why})'
         if not overwrite:
-            raise ValueError(f'--out {self.name}: holds a run that saved no epoch or is damaged '
-                             f'({why}); replace it with --overwrite, or choose another --out')
-        if why is not None:
-            print(f'--overwrite: {self.name} holds a run that saved no epoch or is damaged '
-                  f'({why}); replacing it', file=sys.stderr)
+            self._refuse(f'{damaged}; replace it with --overwrite')
+        if why:
+            print(f'--overwrite: {self.name} {damaged}; replacing it', file=sys.stderr)
         return True
 
     def _refuse_others(self, sub=''):
         """Refuses --out if --out/sub holds a name train.py does not write, or a link: the first,
         found without a full walk."""
-        folder = os.path.join(self.path, sub)
-        other = next((n for r, dirs, files in os.walk(folder) for n in (
-            os.path.relpath(os.path.join(r, x), folder) for x in sorted(dirs + files))
-            if n not in OURS or os.path.islink(os.path.join(folder, n))), None)
-        if other:
-            raise ValueError(f'--out {self.name}: {os.path.join(self.name, sub, other)} is not a '
-                             'file train.py writes; move it away, or choose another --out')
+        folder = join(self.path, sub)
+        if other := next((n for r, dirs, files in os.walk(folder) for n in (
+                os.path.relpath(join(r, x), folder) for x in sorted(dirs + files))
+                if n not in OURS or islink(join(folder, n))), None):
+            self._refuse(f'{join(self.name, sub, other)} is not a file train.py writes; move it '
+                         'away')
+
+    def _refuse(self, why):
+        """Refuses --out for `why`, which ends in the fix; choosing another --out is one too."""
+        raise ValueError(f'--out {self.name}: {why}, or choose another --out') from None
 
     def __enter__(self):
         return self
@@ -323,24 +316,20 @@ class RunFolder:
         """On failure, deletes what this run wrote if it saved no epoch (an --overwrite's part of
         one, in NEW); removes the folders it made if they are empty (on success they hold the
         run); then unlocks."""
-        if failed and self.replacing:
-            settle(self.path)
-        elif failed and not self.saved:
-            delete_run(self.path)
-        for folder in self.made:
-            with contextlib.suppress(OSError):
-                os.rmdir(folder)
+        if failed and (self.replacing or not self.saved):
+            (settle if self.replacing else delete_run)(self.path)
+        rmdirs(*self.made)
         os.close(self.fd)
 
     def load_last(self, device='cpu'):
         """Return last/'s (model, tokenizer, meta), with Adam's state in meta['adam'], as its
         state_dict() holds it."""
-        model, tokenizer, meta = load_checkpoint(os.path.join(self.path, 'last'), device)
+        *loaded, meta = load_checkpoint(join(self.path, 'last'), device)
         meta['adam'] = {}
-        for key in [k for k in meta['extra'] if k.startswith('adam.')]:
+        for key in [k for k in meta['extra'] if k[:5] == 'adam.']:
             _, i, name = key.split('.')
             meta['adam'].setdefault(int(i), {})[name] = meta['extra'].pop(key)
-        return model, tokenizer, meta
+        return *loaded, meta
 
     def save(self, model, tokenizer, meta, history, extra, adam):
         """Writes best/ (if the last epoch is the best: since_best), metrics.jsonl, then last/
@@ -348,16 +337,15 @@ class RunFolder:
         the epoch at --resume. An --overwrite's first epoch is written into NEW, and replaces the
         earlier run once whole there; if it cannot be written (a disk too small for both, say),
         the earlier run stays."""
-        root = os.path.join(self.path, NEW) if self.replacing else self.path
+        root = join(self.path, NEW * self.replacing)  # NEW, or the run folder itself
         try:
-            if since_best(history) == 0:
-                save_checkpoint(os.path.join(root, 'best'), model, tokenizer, {
+            if not since_best(history):
+                save_checkpoint(join(root, 'best'), model, tokenizer, {
                     **meta, 'epoch': len(history) - 1, 'dev': history[-1]}, extra)
-            write_whole(os.path.join(root, METRICS), ''.join(json.dumps(h) + '\n' for h in history))
-            state = {f'adam.{i}.{k}': v for i, kept in adam.state_dict()['state'].items()
-                     for k, v in kept.items()}
-            save_checkpoint(os.path.join(root, 'last'), model, tokenizer,
-                            {**meta, 'history': history}, {**extra, **state})
+            write_whole(join(root, METRICS), ''.join(json.dumps(h) + '\n' for h in history))
+            save_checkpoint(join(root, 'last'), model, tokenizer, {**meta, 'history': history}, {
+                **extra, **{f'adam.{i}.{k}': v for i, kept in adam.state_dict()['state'].items()
+                            for k, v in kept.items()}})
         except OSError as e:
             if self.replacing:
                 e.strerror += f'; the earlier run in {self.name} is kept'
@@ -376,11 +364,11 @@ def device(name):
     if not re.fullmatch(r'cpu|cuda(:\d+)?' if cuda else 'cpu', name):
         raise argparse.ArgumentTypeError(
             f'{name}: only cpu' + (', cuda or cuda:N' if cuda else ' (no CUDA GPU here)'))
-    n, index = torch.cuda.device_count(), torch.device(name).index
-    if index is not None and index >= n:  # Torch would fail only once the data is read.
+    n, d = torch.cuda.device_count(), torch.device(name)
+    if d.index is not None and d.index >= n:  # Torch would fail only once the data is read.
         raise argparse.ArgumentTypeError(f'{name}: CUDA sees {n} GPU' + (
             f's here (cuda:0 to cuda:{n - 1})' if n > 1 else ' here (cuda:0)'))
-    return torch.device(name)
+    return d
 
 
 def parser(doc):

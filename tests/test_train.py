@@ -585,7 +585,7 @@ OTHER = 'is not a file train.py writes; move it away, or choose another --out'
     ('dangling link', [], '--out {out}: a symbolic link to nothing ({tmp}/gone)'),
     ('nothing', ['--resume'], '--resume: {out} holds no run to continue'),
     ('run/e.json', [], '--out {out}: holds an earlier run: continue it (--resume), replace it '
-     '(--overwrite) or choose another --out'),
+     '(--overwrite), or choose another --out'),
     ('run/e.json', ['--overwrite'], '--out {out}: {out}/e.json ' + OTHER),
     ('run/last/notes.txt', ['--overwrite'], '--out {out}: {out}/last/notes.txt ' + OTHER),
     ('the repository', ['--overwrite'], '--out {out}: {out}/.'),  # .ci, .git, ...
@@ -835,7 +835,7 @@ def test_two_runs_started_at_once_on_one_folder_one_trains(base_run, tmp_path):
                 (1, f'error: --out {out}: another train.py is using it; let it end, or '
                     'choose another --out'),
                 (1, f'error: --out {out}: holds an earlier run: continue it (--resume), '
-                    'replace it (--overwrite) or choose another --out')], done
+                    'replace it (--overwrite), or choose another --out')], done
             assert tree_state(out) == before
             continue
         assert len(trained) == 1 and trained[0][1][0] == 0, done
@@ -847,7 +847,7 @@ def test_two_runs_started_at_once_on_one_folder_one_trains(base_run, tmp_path):
             (1, f'error: --out {out}: another train.py is using it; let it end, or '
                 'choose another --out'),
             (1, f'error: --out {out}: holds an earlier run: continue it (--resume), replace '
-                'it (--overwrite) or choose another --out'),
+                'it (--overwrite), or choose another --out'),
             (0, f'--resume: {out} is finished (2 epochs); nothing to do')), done
         assert 'epoch' not in lost
         test = json.loads((out / runs.TEST_METRICS).read_text())
