@@ -56,10 +56,9 @@ def wos_split(n):
     ids = np.random.RandomState(7).permutation(n)  # RandomState's shuffle of arange(n)
 
     def split(a):
-        # sklearn trains on the floor(0.8 n) after the test part, which are all the rest: in
-        # floats 0.2 and 0.8 round up, so ceil(0.2 n) + floor(0.8 n) >= n.
-        k, p = math.ceil(0.2 * len(a)), np.random.RandomState(0).permutation(len(a))
-        return a[p[k:]], a[p[:k]]
+        n_test, n_train = math.ceil(0.2 * len(a)), math.floor((1 - 0.2) * len(a))
+        p = np.random.RandomState(0).permutation(len(a))
+        return a[p[n_test:n_test + n_train]], a[p[:n_test]]
 
     train, test = split(ids)
     return (*split(train), test)
@@ -234,8 +233,8 @@ def load_hiagm(folder):
                 d = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f'{path}:{n}: malformed JSON: {e}') from None
-            g = (d if isinstance(d, dict) else {}).get
-            text, labels = g('token', g('doc_token')), g('label', g('doc_label'))
+            d = d if isinstance(d, dict) else {}
+            text, labels = d.get('token', d.get('doc_token')), d.get('label', d.get('doc_label'))
             if isinstance(text, list) and all(isinstance(w, str) for w in text):
                 text = ' '.join(text)
             if not isinstance(text, str) or not isinstance(labels, list):
@@ -314,17 +313,16 @@ def _load_value_dict(path):
 
 # The demo, and load_data
 
-# The path of each leaf; leaves under one parent are a/b/c,d for a/b/c and a/b/d.
-DEMO_LEAVES = '''science/physics/quantum,optics science/biology/genetics,ecology science/chemistry
-sports/football,tennis,cycling arts/music/jazz,opera arts/painting,cinema
-business/finance/banking,markets business/retail'''
+DEMO_LEAVES = '''science/physics/quantum science/physics/optics science/biology/genetics
+science/biology/ecology science/chemistry sports/football sports/tennis sports/cycling
+arts/music/jazz arts/music/opera arts/painting arts/cinema business/finance/banking
+business/finance/markets business/retail'''  # The path of each leaf.
 
 
 def load_demo(seed=0, sizes=(1200, 300, 300)):
     """Return the demo's tree and splits: documents of words from their topics' lists and a
     shared background; one in five has two paths."""
-    leaves = [(p + x).split('/') for p, xs in re.findall(r'(\S*/)(\S+)', DEMO_LEAVES)
-              for x in xs.split(',')]
+    leaves = [path.split('/') for path in DEMO_LEAVES.split()]
     h = Hierarchy({v: p for path in leaves for p, v in zip([None] + path, path)})
     words = [[v] + [v + c for c in 'abcdefg'] for v in h.labels]  # by label id
     rng = np.random.default_rng(seed)

@@ -92,8 +92,8 @@ def check_output(path, flag, ckpt, start):
            else runs.unwritable(os.path.dirname(os.path.abspath(path))))
     if not why and os.path.lexists(path):
         with open(path, 'rb') as f:  # If it is a folder, the OS says so.
-            why = f.read(len(start)) != start.encode() and (
-                f'exists and is not an earlier {flag} file (remove it or choose another name)')
+            if f.read(len(start)) != start.encode():
+                why = f'exists and is not an earlier {flag} file (remove it or choose another name)'
     if why:
         raise ValueError(f'{flag} {path}: {why}')
 

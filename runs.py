@@ -39,7 +39,8 @@ def write_whole(path, text):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        os.fsync(fd := os.open(folder, os.O_RDONLY))  # The folder, so that the rename is on disk.
+        fd = os.open(folder, os.O_RDONLY)  # The folder is synced so that the rename is on disk.
+        os.fsync(fd)
         os.close(fd)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
@@ -96,10 +97,9 @@ def save_checkpoint(folder, model, tokenizer, meta, extra=None):
             for f in CHECKPOINT[:-1]:
                 write_whole(join(folder, f), Path(tmp, f).read_bytes())
     h, aliases = model.hierarchy, _aliases(model)
-    # A root's parent, -1, picks the None after the labels.
     meta = {**{k: getattr(model, k) for k in ('arch', 'base_vocab', 'special', 'max_length')},
             'hierarchy': {'labels': h.labels, 'names': h.names,
-                          'parents': [[*h.labels, None][p] for p in h.parent]}, **meta}
+                          'parents': [h.labels[p] if p >= 0 else None for p in h.parent]}, **meta}
     tensors = {**model.state_dict(), **{f'extra.{k}': v for k, v in (extra or {}).items()}}
     tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items() if k not in aliases}
     # transformers writes 'format': 'pt' as well.
@@ -134,7 +134,8 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
         meta, tensors = checkpoint_meta(folder), load_file(weights)
     except (OSError, ValueError, KeyError, SafetensorError) as e:
         raise ValueError(f'{weights}: unreadable, truncated or corrupt ({one_line(e)})') from None
-    meta['extra'] = {k[6:]: tensors.pop(k).to(device) for k in list(tensors) if k[:6] == 'extra.'}
+    meta['extra'] = {k[6:]: tensors.pop(k).to(device) for k in list(tensors)
+                     if k.startswith('extra.')}
     try:
         h = meta['hierarchy']
         # from_config picks SDPA where the family has it, else eager (DeBERTa), as load_pretrained's
@@ -150,7 +151,8 @@ def load_checkpoint(folder, device='cpu', hierarchy=None):
                          f'({one_line(e)})') from None
     # Loaded strictly, but for the tied copies, which load with the weight they are tied to.
     want = {k: v.shape for k, v in model.state_dict().items() if k not in _aliases(model)}
-    bad = sorted({k for k, _ in want.items() ^ {k: v.shape for k, v in tensors.items()}.items()})
+    bad = sorted(k for k in want.keys() | tensors.keys()
+                 if want.get(k) != getattr(tensors.get(k), 'shape', None))
     if bad:
         raise ValueError(f'{weights}: weights missing, unexpected or not shaped as config.json '
                          f'says: {bad[0]} and {len(bad) - 1} more')
@@ -316,8 +318,10 @@ class RunFolder:
         """On failure, deletes what this run wrote if it saved no epoch (an --overwrite's part of
         one, in NEW); removes the folders it made if they are empty (on success they hold the
         run); then unlocks."""
-        if failed and (self.replacing or not self.saved):
-            (settle if self.replacing else delete_run)(self.path)
+        if failed and self.replacing:
+            settle(self.path)
+        elif failed and not self.saved:
+            delete_run(self.path)
         rmdirs(*self.made)
         os.close(self.fd)
 
@@ -326,7 +330,7 @@ class RunFolder:
         state_dict() holds it."""
         *loaded, meta = load_checkpoint(join(self.path, 'last'), device)
         meta['adam'] = {}
-        for key in [k for k in meta['extra'] if k[:5] == 'adam.']:
+        for key in [k for k in meta['extra'] if k.startswith('adam.')]:
             _, i, name = key.split('.')
             meta['adam'].setdefault(int(i), {})[name] = meta['extra'].pop(key)
         return *loaded, meta
@@ -337,7 +341,7 @@ class RunFolder:
         the epoch at --resume. An --overwrite's first epoch is written into NEW, and replaces the
         earlier run once whole there; if it cannot be written (a disk too small for both, say),
         the earlier run stays."""
-        root = join(self.path, NEW * self.replacing)  # NEW, or the run folder itself
+        root = join(self.path, NEW) if self.replacing else self.path
         try:
             if not since_best(history):
                 save_checkpoint(join(root, 'best'), model, tokenizer, {
