@@ -14,7 +14,6 @@ import pytest
 import torch
 from safetensors.torch import load_file, safe_open, save_file
 
-import data
 import lhmix
 import runs
 from helpers import PARENTS, TEXTS, error, tiny, tree_state
