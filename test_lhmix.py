@@ -993,7 +993,7 @@ def test_labels_whose_names_have_no_word_piece_are_named_in_one_warning_with_the
                 f'hierarchies: {causes}; rename them (label_names.tsv in the data folder; '
                 'Hierarchy(parents, names)) or take a model with their words (--model)')
     empty = 'its name holds no word'
-    unknown = "the vocabulary has none of its name's words"
+    unknown = "the vocabulary lacks its name's words"
     for parents, named, message in (
             ({'Sci': None, 'ML/': None, 'Sci/___': 'Sci', 'Sci/rock_&_roll': 'Sci'},
              ['ML/', 'Sci/___'], warned({'ML/': empty, 'Sci/___': empty})),
