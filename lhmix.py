@@ -46,7 +46,7 @@ class Hierarchy:
 
     def __init__(self, parents, names=None, lines=None):
         self.labels, n = list(parents), len(parents)
-        self.index = {v: i for i, v in enumerate(self.labels)}
+        self.index = {v: i for i, v in enumerate(parents)}
         where = {v: (lines or {}).get(v, f'label {v!r}') for v in parents}
         for v, p in parents.items():
             if p not in (None, 'Root') and p not in self.index:
@@ -63,8 +63,7 @@ class Hierarchy:
         self.num_depths = max(self.depth)
         self.by_depth = [[i for i, d in enumerate(self.depth) if d == k]
                          for k in range(1, self.num_depths + 1)]
-        self.names = [(names or {}).get(v, v.rsplit('/', 1)[-1]).replace('_', ' ')
-                      for v in self.labels]
+        self.names = [(names or {}).get(v, v.rsplit('/', 1)[-1]).replace('_', ' ') for v in parents]
 
     def __len__(self):
         return len(self.labels)
@@ -75,13 +74,14 @@ class Hierarchy:
 
     def closure(self, label_ids):
         """The sorted label set with its labels' ancestors, gold too on Sec. 3.1's paths."""
-        label_ids = list(label_ids)
+        closed = set()
         for v in label_ids:
             if not isinstance(v, (int, np.integer)):
                 raise TypeError(f'label {v!r}: give label ids, not names (hierarchy.index[name])')
             if not 0 <= v < len(self):
-                raise ValueError(f'label id {v}: give ids 0 to {len(self) - 1}, the tree\'s labels')
-        return sorted({a for v in label_ids for a in self.path(v)})
+                raise ValueError(f'label id {v}: give ids 0 to {len(self) - 1}')
+            closed.update(self.path(v))
+        return sorted(closed)
 
 
 def template(num_depths, cls_id, sep_id, depth_ids, slot_id):
@@ -333,8 +333,8 @@ def _check_mixup(model, n, partner, lam, hierarchy_ids):
     if lam is not None and not lam.is_cuda and not ((lam >= 0) & (lam <= 1)).all():
         raise ValueError(f'lam {lam.tolist()}: give ratios in [0, 1]')
     if hierarchy_ids is not None and model.local_hierarchies is None:
-        raise ValueError('hierarchy_ids: call '
-                         'lhmix.use_local_hierarchies(model, table, alpha, beta) first')
+        raise ValueError(
+            'hierarchy_ids: call lhmix.use_local_hierarchies(model, table, alpha, beta) first')
 
 
 def training_loss(model, input_ids, starts, targets, attention_mask=None, partner=None, lam=None,
@@ -344,7 +344,7 @@ def training_loss(model, input_ids, starts, targets, attention_mask=None, partne
     is silent; the authors' code: one ZMLCE), plus HPT's MLM term. `packed`: speed.py's."""
     _check_mixup(model, len(starts), partner, lam, hierarchy_ids)
     hidden = model.encode(input_ids, attention_mask, **packed)
-    h, t = model.slots(hidden, starts), targets[:, None, :]  # Eqs. 1 and 5: h^d
+    h, t = model.slots(hidden, starts), targets[:, None]  # Eqs. 1 and 5: h^d
     if partner is None:
         loss = model.loss(model.score(h), t)  # Eq. 2
     else:
@@ -414,8 +414,9 @@ def tiny_bert(texts, max_words=8000):
         with open(path, 'w', encoding='utf-8') as f:
             f.write('\n'.join(vocab) + '\n')
         tokenizer = BertTokenizerFast(path, do_lower_case=True)
+    # 512 positions, BertConfig's default.
     config = BertConfig(vocab_size=len(vocab), hidden_size=128, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=256, max_position_embeddings=512)
+                        num_attention_heads=2, intermediate_size=256)
     return AutoModelForMaskedLM.from_config(config), tokenizer  # As runs.load_checkpoint builds it.
 
 
