@@ -45,28 +45,25 @@ class Hierarchy:
     place each label was read, for errors."""
 
     def __init__(self, parents, names=None, lines=None):
-        lines, n = lines or {}, len(parents)
-        self.labels = list(parents)
-        self.index = {v: i for i, v in enumerate(self.labels)}
-        self.parent, self.depth = [], []
-        where = [lines.get(v, f'label {v!r}') for v in self.labels]
-        for i, v in enumerate(self.labels):
-            p = parents[v]
+        self.labels, n = list(parents), len(parents)
+        self.index = {v: i for i, v in enumerate(parents)}
+        where = {v: (lines or {}).get(v, f'label {v!r}') for v in parents}
+        for v, p in parents.items():
             if p not in (None, 'Root') and p not in self.index:
-                raise ValueError(f'{where[i]}: parent {p!r} of {v!r} refers to nothing')
-            self.parent.append(-1 if p in (None, 'Root') else self.index[p])
-        for i, v in enumerate(self.labels):
-            d, j = 1, self.parent[i]
+                raise ValueError(f'{where[v]}: parent {p!r} of {v!r} refers to nothing')
+        self.parent = [-1 if p in (None, 'Root') else self.index[p] for p in parents.values()]
+        self.depth = []
+        for v, j in zip(self.labels, self.parent):
+            d = 1
             while j >= 0 and d <= n:  # A chain longer than the number of labels is a cycle.
                 d, j = d + 1, self.parent[j]
             if d > n:
-                raise ValueError(f'{where[i]}: cycle through label {v!r}')
+                raise ValueError(f'{where[v]}: cycle through label {v!r}')
             self.depth.append(d)
         self.num_depths = max(self.depth)
         self.by_depth = [[i for i, d in enumerate(self.depth) if d == k]
                          for k in range(1, self.num_depths + 1)]
-        self.names = [(names or {}).get(v, v.rsplit('/', 1)[-1]).replace('_', ' ')
-                      for v in self.labels]
+        self.names = [(names or {}).get(v, v.rsplit('/', 1)[-1]).replace('_', ' ') for v in parents]
 
     def __len__(self):
         return len(self.labels)
@@ -77,13 +74,14 @@ class Hierarchy:
 
     def closure(self, label_ids):
         """The sorted label set with its labels' ancestors, gold too on Sec. 3.1's paths."""
-        label_ids = list(label_ids)
+        closed = set()
         for v in label_ids:
             if not isinstance(v, (int, np.integer)):
                 raise TypeError(f'label {v!r}: give label ids, not names (hierarchy.index[name])')
             if not 0 <= v < len(self):
-                raise ValueError(f'label id {v}: give ids 0 to {len(self) - 1}, the tree\'s labels')
-        return sorted({a for v in label_ids for a in self.path(v)})
+                raise ValueError(f'label id {v}: give ids 0 to {len(self) - 1}')
+            closed.update(self.path(v))
+        return sorted(closed)
 
 
 def template(num_depths, cls_id, sep_id, depth_ids, slot_id):
@@ -129,13 +127,13 @@ class Classifier(nn.Module):
         # The first position's id: a packed row's positions (speed.py) start there.
         self.first_position = mlm.config.pad_token_id + 1 if self.family[2] else 0
         self.mlm, self.hierarchy, self.base_vocab = mlm, hierarchy, base_vocab
-        self.special, self.max_length = special, max_length  # special: cls, sep, pad, mask ids
+        self.special = special  # the cls, sep, pad and mask ids
         self.prefix, slot_id, valid = self.make_head()
         self.register_buffer('valid', valid, persistent=False)
         slots = [i for i, t in enumerate(self.prefix) if t == slot_id]
         self.register_buffer('slot_offsets', torch.tensor(slots), persistent=False)
-        n = mlm.config.max_position_embeddings - self.first_position
-        if not 0 < self.text_budget(max_length) or max_length > n:
+        self.max_length, n = max_length, mlm.config.max_position_embeddings - self.first_position
+        if not len(self.prefix) + 2 <= max_length <= n:
             raise ValueError(f'max_length {max_length} leaves {self.text_budget(max_length)} text '
                              f'tokens (at most {n} positions): give {len(self.prefix) + 2} to {n}')
         # The encoded local hierarchies (Sec. 4.1) and Eq. 4's, set by use_local_hierarchies().
@@ -181,8 +179,8 @@ class LHMix(Classifier):
         """Return the prompt, its slot token [P] and `valid` (row d: depth d's labels, Eq. 1's
         V^d); add the tokens."""
         tree, D, mlm = self.hierarchy, self.hierarchy.num_depths, self.mlm
-        self.depth_ids = [self.base_vocab + len(tree) + d for d in range(D)]
-        self.slot_id = self.base_vocab + len(tree) + D
+        first = self.base_vocab + len(tree)  # The first [Dd]'s id: the label tokens' are below.
+        self.depth_ids, self.slot_id = list(range(first, first + D)), first + D
         if mlm.get_input_embeddings().num_embeddings != self.slot_id + 1:
             # The new rows are left for initialize() to set, not averaged.
             mlm.resize_token_embeddings(self.slot_id + 1, mean_resizing=False)
@@ -229,14 +227,14 @@ def build_model(mlm, tokenizer, hierarchy, arch, max_length=512):
     one line, of the labels whose names give no word-piece but [UNK], and why."""
     special = {k: getattr(tokenizer, f'{k}_token_id') for k in ('cls', 'sep', 'pad', 'mask')}
     model = ARCHS[arch](mlm, hierarchy, len(tokenizer), special, max_length)
-    unk = {v: "the vocabulary has none of its name's words" if n.strip() else
-           'its name holds no word' for v, n, p in zip(
-               hierarchy.labels, hierarchy.names, model.name_ids(tokenizer))
+    unk = {v: "the vocabulary lacks its name's words" if n.strip() else 'its name holds no word'
+           for v, n, p in zip(hierarchy.labels, hierarchy.names, model.name_ids(tokenizer))
            if set(p) <= {tokenizer.unk_token_id}}  # Each with its cause.
     if unk:
-        warnings.warn(f'labels whose names give only [UNK] start alike and are alike in local '
-                      f'hierarchies: {unk}; rename them (label_names.tsv in the data folder; '
-                      'Hierarchy(parents, names)) or take a model with their words (--model)')
+        warnings.warn(
+            f'labels whose names give only [UNK] start alike and are alike in local hierarchies: '
+            f'{unk}; rename them (label_names.tsv in the data folder; Hierarchy(parents, names)) '
+            'or take a model with their words (--model)')
     model.initialize(tokenizer)
     return model
 
@@ -279,9 +277,9 @@ def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
     """Return each distinct local hierarchy's [CLS] state (U, H) and each label set's row (N,) in
     it. Call it before training: Sec. 4.1's encoder stays as it was. Sets are closed upward."""
     keys = [tuple(model.hierarchy.closure(s)) for s in label_sets]  # @local-hierarchy
-    distinct = sorted(set(keys))
+    rows = {k: i for i, k in enumerate(sorted(set(keys)))}  # Each distinct set's row, in order.
     name_ids = model.name_ids(tokenizer)
-    seqs = [local_hierarchy_ids(model, k, name_ids) for k in distinct]  # @local-hierarchy
+    seqs = [local_hierarchy_ids(model, k, name_ids) for k in rows]  # @local-hierarchy
     device, was_training = next(model.parameters()).device, model.training
     model.eval()
     out = []
@@ -290,8 +288,7 @@ def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
         ids, mask = b['input_ids'].to(device), b['attention_mask'].to(device)
         out.append(model.encode(ids, mask)[:, 0].float())  # Eq. 3's h_[CLS]
     model.train(was_training)
-    index = {k: i for i, k in enumerate(distinct)}
-    return torch.cat(out), torch.tensor([index[k] for k in keys])
+    return torch.cat(out), torch.tensor([rows[k] for k in keys])
 
 
 def use_local_hierarchies(model, table, alpha, beta):
@@ -329,15 +326,15 @@ def _check_mixup(model, n, partner, lam, hierarchy_ids):
     """Refuses, naming the fix, a Mixup that n documents cannot run (a lam on a GPU unchecked)."""
     if (lam is not None) + (hierarchy_ids is not None) != (partner is not None):
         raise ValueError('Mixup takes `partner` and either `lam` (vanilla) or `hierarchy_ids`')
-    for name, x in (('partner', partner), ('lam', lam), ('hierarchy_ids', hierarchy_ids)):
+    for name, x in dict(partner=partner, lam=lam, hierarchy_ids=hierarchy_ids).items():
         if x is not None and not (torch.is_tensor(x) and x.shape == (n,)):
             raise ValueError(f'{name} {tuple(x.shape) if torch.is_tensor(x) else repr(x)} for {n} '
                              f'documents: give a tensor of shape ({n},)')
     if lam is not None and not lam.is_cuda and not ((lam >= 0) & (lam <= 1)).all():
         raise ValueError(f'lam {lam.tolist()}: give ratios in [0, 1]')
     if hierarchy_ids is not None and model.local_hierarchies is None:
-        raise ValueError('hierarchy_ids: call '
-                         'lhmix.use_local_hierarchies(model, table, alpha, beta) first')
+        raise ValueError(
+            'hierarchy_ids: call lhmix.use_local_hierarchies(model, table, alpha, beta) first')
 
 
 def training_loss(model, input_ids, starts, targets, attention_mask=None, partner=None, lam=None,
@@ -347,7 +344,7 @@ def training_loss(model, input_ids, starts, targets, attention_mask=None, partne
     is silent; the authors' code: one ZMLCE), plus HPT's MLM term. `packed`: speed.py's."""
     _check_mixup(model, len(starts), partner, lam, hierarchy_ids)
     hidden = model.encode(input_ids, attention_mask, **packed)
-    h, t = model.slots(hidden, starts), targets[:, None, :]  # Eqs. 1 and 5: h^d
+    h, t = model.slots(hidden, starts), targets[:, None]  # Eqs. 1 and 5: h^d
     if partner is None:
         loss = model.loss(model.score(h), t)  # Eq. 2
     else:
@@ -417,8 +414,9 @@ def tiny_bert(texts, max_words=8000):
         with open(path, 'w', encoding='utf-8') as f:
             f.write('\n'.join(vocab) + '\n')
         tokenizer = BertTokenizerFast(path, do_lower_case=True)
+    # 512 positions, BertConfig's default.
     config = BertConfig(vocab_size=len(vocab), hidden_size=128, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=256, max_position_embeddings=512)
+                        num_attention_heads=2, intermediate_size=256)
     return AutoModelForMaskedLM.from_config(config), tokenizer  # As runs.load_checkpoint builds it.
 
 
@@ -465,11 +463,12 @@ def load_pretrained(name):
     # The encoder's weights must all be there; the MLM head's may be missing. (transformers 4 names
     # a missing weight without the encoder's prefix where the file has no prefixed weights.)
     head = {k for k in mlm.state_dict() if not k.startswith(mlm.base_model_prefix + '.')}
-    missing = sorted(k for k in info['missing_keys'] if k not in head)
+    missing = sorted(set(info['missing_keys']) - head)
     if missing:
-        raise ValueError(f'model {name!r}: {len(missing)} encoder weights missing ({missing[0]}, '
-                         '...): not a pretrained masked LM (to continue a run: train.py --resume; '
-                         'to score a checkpoint: evaluate.py --ckpt)')
+        raise ValueError(
+            f'model {name!r}: {len(missing)} encoder weights missing ({missing[0]}, ...): not a '
+            'pretrained masked LM (to continue a run: train.py --resume; to score a checkpoint: '
+            'evaluate.py --ckpt)')
     if info['missing_keys']:  # all-MiniLM-L6-v2 is one such model.
         print(f'warning: model {name!r} has no MLM-head weights: the head starts random',
               file=sys.stderr)
@@ -507,8 +506,7 @@ def make_batch(model, token_ids, labels, rng=None, mlm_rate=0.0, partner=None,
         raise ValueError(f'{len(token_ids)} texts, {len(labels)} label lists: give one per text')
     if (mlm_rate > 0 or mix_alpha) and rng is None:
         raise ValueError('mlm_rate > 0 and mix_alpha draw: give rng=numpy.random.default_rng(seed)')
-    seqs = [np.concatenate([model.prefix, t, [model.special['sep']]])  # @prompt
-            for t in token_ids]
+    seqs = [np.concatenate([model.prefix, t, [model.special['sep']]]) for t in token_ids]  # @prompt
     batch = pad_rows(seqs, model.special['pad'], 16 if next(model.parameters()).is_cuda else 8)
     batch['targets'] = torch.zeros(len(token_ids), len(model.hierarchy), dtype=torch.bool)
     for b, ls in enumerate(labels):
@@ -534,7 +532,7 @@ def mask_tokens(input_ids, text_starts, token_ids, rng, rate, mask_id):
     pos = torch.from_numpy(np.concatenate(
         [s + np.flatnonzero(rng.random(len(t)) < rate) for s, t in zip(text_starts, token_ids)]))
     flat = input_ids.view(-1)
-    gold = flat[pos].clone()
+    gold = flat[pos]  # Indexing by a tensor copies.
     r = torch.from_numpy(rng.random(len(pos)))
     flat[pos[r < 0.8]] = mask_id
     rand = pos[(r >= 0.8) & (r < 0.9)]
@@ -604,12 +602,11 @@ class FusedZMLCE(torch.autograd.Function):
     def forward(ctx, scores, targets, valid):
         shape, L = scores.shape, scores.shape[-1]
         if valid is None:
-            valid = torch.ones((), dtype=torch.bool, device=scores.device)
-        s, t, v = _flat(scores, shape), _flat(targets.bool(), shape), _flat(valid, shape)
-        loss = torch.empty(s.shape[0], device=s.device)
-        grad = torch.empty(s.shape, device=s.device)
+            valid = scores.new_ones((), dtype=torch.bool)
+        s, t, v = (_flat(x, shape) for x in (scores, targets.bool(), valid))
+        loss, grad = torch.empty(len(s), device=s.device), torch.empty(s.shape, device=s.device)
         block = triton.next_power_of_2(L)
-        _zmlce_kernel[(s.shape[0],)](
+        _zmlce_kernel[(len(s),)](
             s, t, v, loss, grad, L, BLOCK=block, num_warps=4 if block <= 1024 else 8)
         ctx.save_for_backward(grad.view(shape))
         ctx.dtype = scores.dtype

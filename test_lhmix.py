@@ -387,7 +387,7 @@ def test_a_broken_tree_or_label_id_names_the_label_and_where_it_was_read():
     h = lhmix.Hierarchy({'A': None, 'B': 'A'})
     for v in (-1, 2):  # -1 would add nothing, 2 would fail on a list index
         assert error(lambda: h.closure([1, v])) == (
-            f"label id {v}: give ids 0 to 1, the tree's labels")
+            f"label id {v}: give ids 0 to 1")
 
 
 @pytest.fixture(scope='module')
@@ -966,7 +966,7 @@ def test_misuse_ends_in_one_line_naming_the_fix(monkeypatch):
         assert error(lambda: lhmix.make_batch(model, docs, labels)) == (
             f'2 texts, {len(labels)} label lists: give one per text')
     for v in (-1, 6):
-        outside = f"label id {v}: give ids 0 to 5, the tree's labels"
+        outside = f"label id {v}: give ids 0 to 5"
         assert error(lambda: lhmix.make_batch(model, docs, [[0], [2, v]])) == outside
         assert error(lambda: lhmix.local_hierarchy_table(model, tok, [[0], [v]])) == outside
     assert 'rng=numpy.random.default_rng(seed)' in error(
@@ -993,7 +993,7 @@ def test_labels_whose_names_have_no_word_piece_are_named_in_one_warning_with_the
                 f'hierarchies: {causes}; rename them (label_names.tsv in the data folder; '
                 'Hierarchy(parents, names)) or take a model with their words (--model)')
     empty = 'its name holds no word'
-    unknown = "the vocabulary has none of its name's words"
+    unknown = "the vocabulary lacks its name's words"
     for parents, named, message in (
             ({'Sci': None, 'ML/': None, 'Sci/___': 'Sci', 'Sci/rock_&_roll': 'Sci'},
              ['ML/', 'Sci/___'], warned({'ML/': empty, 'Sci/___': empty})),
