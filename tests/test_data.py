@@ -214,6 +214,10 @@ def test_load_wos_each_form_as_hpt(tmp_path, form):
      ['Medical', 'Psychology', 'CS', 'Depression (Medical)', 'Depression (Psychology)',
       'Depression (CS)'], ['Medical', 'Psychology', 'CS'] + ['Depression'] * 3,
      [[0, 3], [1, 4], [2, 5]]),
+    # an area named as a domain: its key carries its own domain, apart from the domain's
+    ([('CS', 'Medical'), ('Medical', 'Surgery'), ('CS', 'Medical')],
+     ['CS', 'Medical', 'Medical (CS)', 'Surgery'], ['CS', 'Medical', 'Medical', 'Surgery'],
+     [[0, 2], [1, 3], [0, 2]]),
 ])
 def test_load_wos_area_names(tmp_path, rows, labels, names, docs):
     write_data_txt(tmp_path, [('0', '0', d, a, f'text {i}') for i, (d, a) in enumerate(rows)])
@@ -343,6 +347,16 @@ def write_hpt_wos(folder):
     for name in ('wos_total.json', 'wos_train.json', 'wos_val.json', 'wos_test.json'):
         write_lines(folder / name, [json.dumps({'doc_token': 'o', 'doc_label': ['CS', 'Medical']})])
     return folder
+
+
+def test_data_names_a_folder_and_wos_nyt_rcv1_name_their_folder_under_data(tmp_path, monkeypatch):
+    """--data mine reads the folder ./mine; --data nyt reads data/nyt (without --data-dir)."""
+    monkeypatch.chdir(tmp_path)
+    write_hiagm(tmp_path / 'mine')
+    write_hiagm(tmp_path / 'data' / 'nyt',
+                test_lines=[json.dumps({'token': 'x', 'label': ['C17']})])
+    assert data.load_data('mine')[1]['test'] == [('a b', [0, 1, 2])]
+    assert data.load_data('nyt')[1]['test'] == [('x', [0, 3])]
 
 
 def test_hiagm_and_hpt_folders_empty_texts_and_unlabelled_kept_and_counted(tmp_path, capsys):
