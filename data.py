@@ -90,8 +90,10 @@ def _xlsx_rows(data):
             for ch in re.match('[A-Z]+', c.get('r'))[0]:
                 col = 26 * col + ord(ch) - 64
             v, kind = c.findtext(ns + 'v', ''), c.get('t')
-            out[col] = txt(c) if kind == 'inlineStr' else shared[int(v)] if kind == 's' else \
-                re.sub(r'\.0$', '', v)
+            if kind == 'inlineStr':
+                out[col] = txt(c)
+            else:  # A shared string's index, or a number, whose '.0' Excel adds
+                out[col] = shared[int(v)] if kind == 's' else re.sub(r'\.0$', '', v)
         row.clear()
         return [out.get(i, '') for i in range(1, max(out, default=0) + 1)]
 
@@ -225,7 +227,9 @@ def load_hiagm(folder):
     parents, lines = read_taxonomy(taxonomy)
     ids_file = os.path.join(folder, 'value_dict.pt')
     value_dict = _load_value_dict(ids_file) if os.path.exists(ids_file) else {}
-    raw, why = {}, f'not a label of {taxonomy}' + f' nor an id in {ids_file}' * bool(value_dict)
+    raw = {}
+    why = (f'not a label of {taxonomy} nor an id in {ids_file}' if value_dict else
+           f'not a label of {taxonomy}')
     for split in SPLITS:
         path, raw[split] = one(f'_{split}.json', *['_val.json'] * (split == 'dev')), []
         for n, line in read_lines(path, False):

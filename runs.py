@@ -71,8 +71,9 @@ def unwritable(up):
     while not exists(up):
         # The first folder of a relative name is the working one.
         up = dirname(up) or '.'
-    if not isdir(up) or not os.access(up, os.W_OK | os.X_OK):
-        return f'{up} is ' + ('not writable' if isdir(up) else 'a file, not a folder')
+    if not isdir(up):
+        return f'{up} is a file, not a folder'
+    return None if os.access(up, os.W_OK | os.X_OK) else f'{up} is not writable'
 
 
 # Checkpoints: a folder of CHECKPOINT, each file replaced whole. model.safetensors, written last,

@@ -178,10 +178,10 @@ def train_epoch(run, step, graphed, epoch, bar):
     mlm_rate = MLM_RATE if model.mlm_term and not args.no_mlm else 0.0
     model.train()
     total, lams, steps = torch.zeros((), device=args.device), [], 0
-    # Mixup's ratios: LH-Mix's from each document's local hierarchy, else vanilla Mixup's draws.
     batches = speed.epoch_batches(
         model, run.tokens['train'], run.gold['train'], args.batch, rng, args.device, mlm_rate,
-        mixing, graphed, run.extra.get('hierarchy_ids'), args.mix == 'mixup' and args.mix_alpha)
+        mixing, graphed, hierarchy_ids=run.extra.get('hierarchy_ids'),  # LH-Mix's ratios, or
+        mix_alpha=args.mix_alpha if args.mix == 'mixup' else None)  # vanilla Mixup's draws
     for steps, batch in enumerate(batches, 1):
         loss, lam = step(batch)
         total += loss  # Summed on the device, so that no step waits for the GPU.
