@@ -157,13 +157,16 @@ def write_data_txt(folder, rows=WOS_ROWS):
     return write_lines(folder / 'Data.txt', ['\t'.join(r) for r in wos_table(rows)])
 
 
-def xlsx_bytes(rows):  # a minimal .xlsx: text cells as shared strings, Y1/Y2/Y as numbers
+def xlsx_bytes(rows, inline=False):  # a minimal .xlsx: text cells as shared (or inline) strings,
+    # Y1/Y2/Y as numbers
     ns, strings, xml_rows = 'http://schemas.openxmlformats.org/spreadsheetml/2006/main', [], []
     for r, row in enumerate(rows, 1):
         cells = []
         for col, value in zip('ABCDEFG', row):
             if r > 1 and col in 'ABC':
                 cells.append(f'<c r="{col}{r}"><v>{value}</v></c>')
+            elif inline:
+                cells.append(f'<c r="{col}{r}" t="inlineStr"><is><t>{escape(value)}</t></is></c>')
             else:
                 strings.append(value)
                 cells.append(f'<c r="{col}{r}" t="s"><v>{len(strings) - 1}</v></c>')
@@ -193,12 +196,13 @@ def check_wos(h, splits):  # WOS_ROWS as HPT reads them
                       for s, idx in zip(('train', 'dev', 'test'), HPT_SPLITS[16])}
 
 
-@pytest.mark.parametrize('form', ['Data.txt', 'Data.xlsx', 'WebOfScience.zip'])
+@pytest.mark.parametrize('form', ['Data.txt', 'Data.xlsx', 'Data.xlsx inline', 'WebOfScience.zip'])
 def test_load_wos_each_form_as_hpt(tmp_path, form):
+    """Data.txt, Data.xlsx (its text as shared strings, or inline), or the zip holding it."""
     if form == 'Data.txt':
         write_data_txt(tmp_path)
     else:
-        xlsx = xlsx_bytes(wos_table())
+        xlsx, form = xlsx_bytes(wos_table(), inline=form.endswith('inline')), form.split()[0]
         (tmp_path / form).write_bytes(xlsx if form == 'Data.xlsx' else zip_bytes(
             {'WebOfScience/Meta-data/Data.xlsx': xlsx}))
     check_wos(*data.load_wos(str(tmp_path)))
