@@ -196,10 +196,8 @@ def read_taxonomy(path):
             raise ValueError(f'{path}:{n}: a taxonomy line needs a parent and at least one child')
         for child in cells[1:]:
             if child in parents:
-                raise ValueError(f'{path}:{n}: label {child!r} ' + (
-                    f'listed twice under {cells[0]!r} (first on {lines[child]})'
-                    if parents[child] == cells[0] else
-                    f'has two parents ({parents[child]!r} on {lines[child]} and {cells[0]!r})'))
+                raise ValueError(f'{path}:{n}: label {child!r} under {cells[0]!r} is already under '
+                                 f'{parents[child]!r} ({lines[child]}): a label has one place')
             parents[child], lines[child] = cells[0], f'{path}:{n}'
     if not parents:
         raise ValueError(f'{path}: empty (expected lines parent<TAB>child<TAB>child...)')
@@ -228,8 +226,7 @@ def load_hiagm(folder):
     ids_file = os.path.join(folder, 'value_dict.pt')
     value_dict = _load_value_dict(ids_file) if os.path.exists(ids_file) else {}
     raw = {}
-    why = (f'not a label of {taxonomy} nor an id in {ids_file}' if value_dict else
-           f'not a label of {taxonomy}')
+    why = f'not a label of {taxonomy}' + (f' nor an id in {ids_file}' if value_dict else '')
     for split in SPLITS:
         path, raw[split] = one(f'_{split}.json', *['_val.json'] * (split == 'dev')), []
         for n, line in read_lines(path, False):

@@ -138,18 +138,17 @@ def main(argv=None):
     p = runs.parser(__doc__)
     add = p.add_argument
     add('--ckpt', required=True, help='a checkpoint folder, such as RUN/best')
-    add('--data', help='the data to score, as train.py --data')
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument('--data', help='the data to score, as train.py --data')
+    what.add_argument('--texts', metavar='FILE', help='classify the lines of FILE (- : stdin)')
     add('--data-dir', help='as train.py --data-dir')
     add('--split', default='test', choices=['train', 'dev', 'test'],
         help='the split to score (default: test)')
     add('--out', help='write the figures here as JSON, as test_metrics.json (--data only)')
     add('--save-predictions', metavar='FILE',
         help='write the predicted labels here: a line {"labels": [...]} a document (or text)')
-    add('--texts', metavar='FILE', help='classify the lines of FILE (- : stdin) instead')
     runs.add_device(p)
     args = p.parse_args(argv)
-    if bool(args.texts) == bool(args.data):
-        p.error('give --data (to score a split) or --texts (to classify), not both')
     if args.texts and args.out:  # F1 needs gold labels, which texts do not have.
         p.error('--out (F1 figures) needs --data: texts have no gold labels')
     if args.out and args.save_predictions and (

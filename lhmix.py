@@ -181,9 +181,8 @@ class LHMix(Classifier):
         tree, D, mlm = self.hierarchy, self.hierarchy.num_depths, self.mlm
         first = self.base_vocab + len(tree)  # The first [Dd]'s id: the label tokens' are below.
         self.depth_ids, self.slot_id = list(range(first, first + D)), first + D
-        if mlm.get_input_embeddings().num_embeddings != self.slot_id + 1:
-            # The new rows are left for initialize() to set, not averaged.
-            mlm.resize_token_embeddings(self.slot_id + 1, mean_resizing=False)
+        # The new rows are left for initialize() to set, not averaged (a checkpoint has them).
+        mlm.resize_token_embeddings(self.slot_id + 1, mean_resizing=False)
         self.transform = nn.Sequential(*(  # Eq. 1's f^d: the MLM head's transform (FAMILIES)
             mlm.get_submodule(m) if isinstance(m, str) else m for m in self.family[0]))
         self.label_bias = nn.Parameter(torch.zeros(len(tree)))

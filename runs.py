@@ -365,15 +365,12 @@ def device(name):
     """Return the torch.device of cpu, cuda or cuda:N: an argparse type, so that a device that is
     not there is refused before anything is computed."""
     import torch
-    cuda = torch.cuda.is_available()
-    if not re.fullmatch(r'cpu|cuda(:\d+)?' if cuda else 'cpu', name):
-        raise argparse.ArgumentTypeError(
-            f'{name}: only cpu' + (', cuda or cuda:N' if cuda else ' (no CUDA GPU here)'))
-    n, d = torch.cuda.device_count(), torch.device(name)
-    if d.index is not None and d.index >= n:  # Torch would fail only once the data is read.
-        raise argparse.ArgumentTypeError(f'{name}: CUDA sees {n} GPU' + (
-            f's here (cuda:0 to cuda:{n - 1})' if n > 1 else ' here (cuda:0)'))
-    return d
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    # Torch would refuse a GPU past the last only once the data is read.
+    if not re.fullmatch(r'cpu|cuda(:\d+)?', name) or name != 'cpu' and int(name[5:] or 0) >= n:
+        raise argparse.ArgumentTypeError(f'{name}: only cpu' + (
+            f', cuda or cuda:N with N < {n}' if n else ' (no CUDA GPU here)'))
+    return torch.device(name)
 
 
 def parser(doc):

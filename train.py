@@ -267,10 +267,10 @@ def test(run, started):
           f"epoch {meta['epoch']}, {run.args.out}; {time.time() - started:.0f} s in all)")
     if not any(h['dev_macro_f1'] for h in run.history):
         # Early stopping is named even at the last epoch: more epochs would end at once.
-        a, stop = run.args, runs.since_best(run.history) >= run.args.early_stop
-        why = f'early stopping (--early-stop {a.early_stop})' if stop else f'--epochs {a.epochs}'
-        raise ValueError(f'{why} ended the run at dev macro-F1 0: try a larger '
-                         f'{"--early-stop" if stop else "--epochs"} or --lr')
+        a = run.args
+        flag, n = (('--early-stop', a.early_stop) if runs.since_best(run.history) >= a.early_stop
+                   else ('--epochs', a.epochs))
+        raise ValueError(f'{flag} {n} ended the run at dev macro-F1 0: try a larger {flag} or --lr')
 
 
 def train(args, given):

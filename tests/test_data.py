@@ -441,7 +441,7 @@ def test_a_taxonomy_file_read_into_the_label_tree(tmp_path):
 
 
 @pytest.mark.parametrize('lines, line_no, label, what', [
-    (['Root\tA\tB', 'A\tx', 'B\tx'], 3, 'x', 'two parents'),
+    (['Root\tA\tB', 'A\tx', 'B\tx'], 3, 'x', "already under 'A'"),
     (['Root\tA', 'B\tC', 'C\tB'], 2, 'C', 'cycle'),
     (['Root\tA', 'Z\tq'], 2, 'Z', 'refers to nothing')])
 def test_bad_taxonomy_names_label_and_line(tmp_path, lines, line_no, label, what):
@@ -453,12 +453,13 @@ def test_bad_taxonomy_names_label_and_line(tmp_path, lines, line_no, label, what
 
 
 @pytest.mark.parametrize('lines, message', [
-    (['Root\tA\tB', 'Root\tB'], ":2: label 'B' listed twice under 'Root' (first on {f}:1)"),
-    (['Root\tA\tB', 'A\tx\ty\tx'], ":2: label 'x' listed twice under 'A' (first on {f}:2)"),
-    (['Root\tA\tB', 'A\tx', 'B\tx'], ":3: label 'x' has two parents ('A' on {f}:2 and 'B')")])
+    (['Root\tA\tB', 'Root\tB'], ":2: label 'B' under 'Root' is already under 'Root' ({f}:1)"),
+    (['Root\tA\tB', 'A\tx\ty\tx'], ":2: label 'x' under 'A' is already under 'A' ({f}:2)"),
+    (['Root\tA\tB', 'A\tx', 'B\tx'], ":3: label 'x' under 'B' is already under 'A' ({f}:2)")])
 def test_a_label_twice_in_the_taxonomy_named_with_its_lines(tmp_path, lines, message):
     path = write_lines(tmp_path / 'toy.taxonomy', lines)
-    assert error(lambda: data.read_taxonomy(path)) == path + message.format(f=path)
+    assert error(lambda: data.read_taxonomy(path)) == (path + message.format(f=path)
+                                                       + ': a label has one place')
 
 
 GOOD = json.dumps({'token': 'x', 'label': ['GCAT']})

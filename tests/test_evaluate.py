@@ -215,9 +215,8 @@ def test_mistakes_end_in_one_error_line(run, other_labels, tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize('argv, message', [
-    (['--data', 'demo', '--texts', '-'], 'give --data (to score a split) or --texts (to '
-     'classify), not both'),
-    ([], 'give --data (to score a split) or --texts (to classify), not both'),
+    (['--data', 'demo', '--texts', '-'], 'argument --texts: not allowed with argument --data'),
+    ([], 'one of the arguments --data --texts is required'),
     (['--data', 'demo', '--out', 'x', '--save-predictions', './x'],
      '--out and --save-predictions name one file: x'),
     (['--texts', '-', '--out', 'x'],
