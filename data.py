@@ -56,9 +56,11 @@ def wos_split(n):
     ids = np.random.RandomState(7).permutation(n)  # RandomState's shuffle of arange(n)
 
     def split(a):
-        n_test, n_train = math.ceil(0.2 * len(a)), math.floor((1 - 0.2) * len(a))
+        # sklearn's floor(0.8 n) train documents are the rest: ceil(0.2 n) + floor(0.8 n) is n
+        # in floats too (checked for every n below 10^8).
+        n_test = math.ceil(0.2 * len(a))
         p = np.random.RandomState(0).permutation(len(a))
-        return a[p[n_test:n_test + n_train]], a[p[:n_test]]
+        return a[p[n_test:]], a[p[:n_test]]
 
     train, test = split(ids)
     return (*split(train), test)
