@@ -142,8 +142,7 @@ def main(argv=None):
     what.add_argument('--data', help='the data to score, as train.py --data')
     what.add_argument('--texts', metavar='FILE', help='classify the lines of FILE (- : stdin)')
     add('--data-dir', help='as train.py --data-dir')
-    add('--split', default='test', choices=['train', 'dev', 'test'],
-        help='the split to score (default: test)')
+    add('--split', default='test', choices=data.SPLITS, help='the split to score (default: test)')
     add('--out', help='write the figures here as JSON, as test_metrics.json (--data only)')
     add('--save-predictions', metavar='FILE',
         help='write the predicted labels here: a line {"labels": [...]} a document (or text)')
