@@ -74,11 +74,12 @@ def classify(model, tokenizer, texts):
     return out
 
 
-def prediction_lines(hierarchy, predicted):
-    """Return the --save-predictions file of label-id sets: a line {"labels": [...]} a document,
-    in the tree's order."""
-    return ''.join(json.dumps({'labels': [hierarchy.labels[v] for v in sorted(ids)]},
-                              ensure_ascii=False) + '\n' for ids in predicted)
+def save_predictions(path, hierarchy, predicted):
+    """Writes the --save-predictions file `path`, if one is named, of label-id sets: a line
+    {"labels": [...]} a document, in the tree's order."""
+    if path:
+        lines = [{'labels': [hierarchy.labels[v] for v in sorted(ids)]} for ids in predicted]
+        runs.write_whole(path, ''.join(json.dumps(x, ensure_ascii=False) + '\n' for x in lines))
 
 
 def check_output(path, flag, ckpt, start):
@@ -106,10 +107,8 @@ def evaluate(args):
     if args.texts:
         model, tokenizer, _ = runs.load_checkpoint(args.ckpt, args.device)
         out = classify(model, tokenizer, [line for _, line in data.read_lines(args.texts)])
-        if args.save_predictions:  # Before printing, which a closed pipe would end.
-            h = model.hierarchy
-            runs.write_whole(args.save_predictions, prediction_lines(
-                h, ([h.index[v] for v in r['labels']] for r in out)))
+        h = model.hierarchy  # Predictions saved before printing, which a closed pipe would end.
+        save_predictions(args.save_predictions, h, [[h.index[v] for v in r['labels']] for r in out])
         for r in out:
             print(json.dumps(r, ensure_ascii=False))
         cut = sum(r['truncated'] for r in out)
@@ -129,9 +128,7 @@ def evaluate(args):
     print_report(args.split, r)
     if args.out:
         runs.write_whole(args.out, json.dumps(r, indent=1))
-    if args.save_predictions:
-        runs.write_whole(args.save_predictions, prediction_lines(
-            hierarchy, (np.flatnonzero(p) for p in pred)))
+    save_predictions(args.save_predictions, hierarchy, map(np.flatnonzero, pred))
 
 
 def main(argv=None):
