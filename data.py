@@ -369,10 +369,8 @@ def load_data(name, data_dir=None):
 
 
 def train_part(docs, fraction, seed):
-    """Fig. 4's sparse data: ceil(fraction * n) of the n training documents, drawn with `seed`,
-    in their order."""
-    if fraction >= 1:
-        return docs
+    """Fig. 4's sparse data: ceil(fraction * n) of the n training documents (all at fraction 1),
+    drawn with `seed`, in their order."""
     keep = np.random.default_rng(seed).permutation(len(docs))
     # The count is rounded up, after rounding off float error: 0.07 * 1200 is 84.00000000000001.
     n = math.ceil(round(fraction * len(keep), 9))
