@@ -338,7 +338,7 @@ def load_demo(seed=0, sizes=(1200, 300, 300)):
         labels = h.closure(h.index[p[-1]] for p in chosen)
         topical = [w for i in labels for w in words[i]]
         text = [topical[rng.integers(len(topical))] if rng.random() < 0.35
-                else f'common{rng.integers(60)}' for _ in range(int(rng.integers(20, 50)))]
+                else f'common{rng.integers(60)}' for _ in range(rng.integers(20, 50))]
         return ' '.join(text), labels
 
     return h, {s: [doc() for _ in range(n)] for s, n in zip(SPLITS, sizes)}
