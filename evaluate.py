@@ -64,7 +64,7 @@ def classify(model, tokenizer, texts):
     scores = lhmix.score_documents(model, [tokens[i][:budget] for i in keep])
     out = [{'labels': [], 'paths': [], 'scores': {}, 'truncated': False} for _ in texts]
     for i, s in zip(keep, scores):
-        on = set(np.flatnonzero(s > 0).tolist())
+        on = set(np.flatnonzero(s > 0))
         # A path ends at a predicted label with no predicted descendant.
         leaves = sorted(on - {a for v in on for a in h.path(v)[:-1]})
         out[i] = {'labels': [h.labels[v] for v in sorted(on, key=lambda v: (h.depth[v], v))],
