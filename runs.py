@@ -247,7 +247,7 @@ class RunFolder:
         if why := unwritable(out) or unwritable(f'{out}/best') or unwritable(f'{out}/last'):
             raise ValueError(f'--out {out}: {why}')
         # The folders made here, deepest first (a missing folder's subfolders are missing too).
-        self.made = [p for p in (self.path, *map(str, Path(self.path).parents)) if not exists(p)]
+        self.made = [p for p in (self.path, *Path(self.path).parents) if not exists(p)]
         os.makedirs(self.path, exist_ok=True)
         self.fd = os.open(self.path, os.O_RDONLY)
         try:  # Refused before the clean-up below, which would remove the holder's folders.
