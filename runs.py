@@ -326,10 +326,10 @@ class RunFolder:
         rmdirs(*self.made)
         os.close(self.fd)
 
-    def load_last(self, device='cpu'):
-        """Return last/'s (model, tokenizer, meta), with Adam's state in meta['adam'], as its
-        state_dict() holds it."""
-        *loaded, meta = load_checkpoint(join(self.path, 'last'), device)
+    def load_last(self):
+        """Return last/'s (model, tokenizer, meta) on the CPU, with Adam's state in meta['adam'],
+        as its state_dict() holds it."""
+        *loaded, meta = load_checkpoint(join(self.path, 'last'))
         meta['adam'] = {}
         for key in [k for k in meta['extra'] if k.startswith('adam.')]:
             _, i, name = key.split('.')
