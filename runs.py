@@ -102,7 +102,9 @@ def save_checkpoint(folder, model, tokenizer, meta, extra=None):
             'hierarchy': {'labels': h.labels, 'names': h.names,
                           'parents': [h.labels[p] if p >= 0 else None for p in h.parent]}, **meta}
     tensors = {**model.state_dict(), **{f'extra.{k}': v for k, v in (extra or {}).items()}}
-    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items() if k not in aliases}
+    # safetensors copies a GPU tensor to the CPU itself (transformers' save_pretrained relies on
+    # it too) and reads a parameter's data, not its gradient.
+    tensors = {k: v.contiguous() for k, v in tensors.items() if k not in aliases}
     # transformers writes 'format': 'pt' as well.
     write_whole(join(folder, WEIGHTS), save(tensors, {'lhmix': json.dumps(meta), 'format': 'pt'}))
 
