@@ -221,7 +221,7 @@ def settle(folder):
     if exists(join(new, 'last', WEIGHTS)):
         delete_run(folder, (TEST_METRICS,) + TMP)
         for name in ('best', METRICS, 'last'):
-            if os.path.lexists(join(new, name)):
+            if exists(join(new, name)):  # No link: _check refuses one in NEW.
                 delete_run(folder, [n for n in RUN if n.startswith(name)])
                 os.replace(join(new, name), join(folder, name))
     if isdir(new):
