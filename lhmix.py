@@ -535,8 +535,7 @@ def mask_tokens(input_ids, text_starts, token_ids, rng, rate, mask_id):
     r = torch.from_numpy(rng.random(len(pos)))
     flat[pos[r < 0.8]] = mask_id
     rand = pos[(r >= 0.8) & (r < 0.9)]
-    words = np.concatenate(token_ids)
-    flat[rand] = torch.from_numpy(words[rng.integers(0, len(words), len(rand))])
+    flat[rand] = torch.from_numpy(rng.choice(np.concatenate(token_ids), len(rand)))
     return pos, gold
 
 
