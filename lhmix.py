@@ -279,7 +279,7 @@ def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
     rows = {k: i for i, k in enumerate(sorted(set(keys)))}  # Each distinct set's row, in order.
     name_ids = model.name_ids(tokenizer)
     seqs = [local_hierarchy_ids(model, k, name_ids) for k in rows]  # @local-hierarchy
-    device, was_training = next(model.parameters()).device, model.training
+    device, was_training = model.mlm.device, model.training
     model.eval()
     out = []
     for i in range(0, len(seqs), batch_size):
@@ -292,7 +292,7 @@ def local_hierarchy_table(model, tokenizer, label_sets, batch_size=64):
 
 def use_local_hierarchies(model, table, alpha, beta):
     """Makes `model` mix by LH-Mix: `hierarchy_ids` index `table`, ratios by Eqs. 3-4."""
-    model.local_hierarchies = table.to(next(model.parameters()).device)
+    model.local_hierarchies = table.to(model.mlm.device)
     model.alpha, model.beta = alpha, beta
 
 
@@ -550,7 +550,7 @@ def autocast(device):
 def score_documents(model, token_ids, batch_size=128):
     """Return each label's score (at its depth's slot) for each document's word-pieces, a numpy
     float32 array (N, V) in input order; > 0: predicted. In eval mode; the model's mode is kept."""
-    device, was_training = next(model.parameters()).device, model.training
+    device, was_training = model.mlm.device, model.training
     out = torch.zeros(len(token_ids), len(model.hierarchy), device=device)
     model.eval()
     order = np.argsort([len(t) for t in token_ids], kind='stable')  # Similar lengths pad less.
