@@ -401,10 +401,10 @@ def tiny_bert(texts, max_words=8000):
     """Return a 2-layer, 128-wide BERT with the words of `texts` as vocabulary (no download)."""
     from tokenizers.normalizers import BertNormalizer
     from transformers import AutoModelForMaskedLM, BertConfig, BertTokenizerFast
-    # The words are those that the tokenizer sees: its normalizer, that of
-    # BertTokenizerFast(do_lower_case=True), lower-cases, strips accents and spaces out CJK
-    # characters, so that 'Économie' is the word-piece 'economie', not [UNK].
-    normalize = BertNormalizer(lowercase=True).normalize_str
+    # The words are those that the tokenizer sees: its normalizer, BERT's uncased one (both
+    # classes' default), lower-cases, strips accents and spaces out CJK characters, so that
+    # 'Économie' is the word-piece 'economie', not [UNK].
+    normalize = BertNormalizer().normalize_str
     counts = Counter(w for t in texts for w in re.findall(r"\w+|[^\w\s]", normalize(t)))
     vocab = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] + [
         w for w, _ in counts.most_common(max_words)]
@@ -412,7 +412,7 @@ def tiny_bert(texts, max_words=8000):
         path = os.path.join(folder, 'vocab.txt')
         with open(path, 'w', encoding='utf-8') as f:
             f.write('\n'.join(vocab) + '\n')
-        tokenizer = BertTokenizerFast(path, do_lower_case=True)
+        tokenizer = BertTokenizerFast(path)
     # 512 positions, BertConfig's default.
     config = BertConfig(vocab_size=len(vocab), hidden_size=128, num_hidden_layers=2,
                         num_attention_heads=2, intermediate_size=256)
