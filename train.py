@@ -121,7 +121,7 @@ def prepare(args, given, folder):
         model, tokenizer, last = folder.load_last()
         saved = {**last['args'], 'epochs': given.get('epochs', last['args']['epochs'])}
         state = {k: last[k] for k in state}
-        for k in [k for k in given if k in saved and k != 'epochs' and given[k] != saved[k]]:
+        for k in [k for k in given if k in saved and given[k] != saved[k]]:  # never --epochs
             print(f'--resume: the run keeps its --{k.replace("_", "-")} {saved[k]} '
                   f'(not {given[k]})', file=sys.stderr)
         args = argparse.Namespace(**{**vars(args), **saved})
