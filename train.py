@@ -114,8 +114,8 @@ def parse(argv=None):
 
 
 def prepare(args, given, folder):
-    """Return the run: settings, folder, model, data and what its checkpoints keep. At --resume it
-    keeps its own settings (a given --epochs extends it) and says which given flags it ignores."""
+    """Return the run: settings, folder, model, data and what its checkpoints keep. At --resume,
+    args become the run's settings (a given --epochs extends it); it says which flags it ignores."""
     state = dict(history=[], extra={}, adam={})
     if args.resume:
         model, tokenizer, last = folder.load_last()
@@ -124,7 +124,7 @@ def prepare(args, given, folder):
         for k in [k for k in given if k in saved and given[k] != saved[k]]:  # never --epochs
             print(f'--resume: the run keeps its --{k.replace("_", "-")} {saved[k]} '
                   f'(not {given[k]})', file=sys.stderr)
-        args = argparse.Namespace(**{**vars(args), **saved})
+        vars(args).update(saved)
     torch.manual_seed(args.seed)
     hierarchy, splits = data.load_data(args.data, args.data_dir)
     meta = {'args': {k: v for k, v in vars(args).items() if k not in CONTROL},
@@ -277,8 +277,7 @@ def train(args, given):
     """The run in --out, from the start or from where it stopped, then its test."""
     started = time.time()
     with runs.RunFolder(args.out, args.resume, args.overwrite) as folder:
-        run = prepare(args, given, folder)
-        args = run.args
+        run = prepare(args, given, folder)  # at --resume, args become the run's
         if ((len(run.history) >= args.epochs or runs.since_best(run.history) >= args.early_stop)
                 and os.path.exists(os.path.join(folder.path, runs.TEST_METRICS))):
             print(f'--resume: {args.out} is finished ({len(run.history)} epochs); nothing to do',
