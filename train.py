@@ -102,7 +102,7 @@ def parse(argv=None):
     given = {k: v for k, v in vars(args).items() if v is not None}
     demo = DEMO if args.data == 'demo' else {}
     tiny = TINY if given.get('model', demo.get('model')) == 'tiny' else {}
-    args = argparse.Namespace(**{**vars(args), **DEFAULTS, **tiny, **demo, **given})
+    vars(args).update({**DEFAULTS, **tiny, **demo, **given})
     for key, (want, ok) in VALID.items():
         if not (math.isfinite(value := getattr(args, key)) and ok(value)):
             p.error(f'argument --{key.replace("_", "-")}: must be {want}, got {value}')
