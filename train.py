@@ -51,7 +51,7 @@ DEFAULTS = dict(
 TINY = dict(lr=1e-3, warmup_epochs=4, max_length=128, early_stop=20)
 DEMO = dict(model='tiny', epochs=12)
 # What each number may be, which -h shows and parse() checks (lhmix checks --max-length).
-POSITIVE, COUNT = ('> 0', lambda x: x > 0), ('>= 1', lambda x: x >= 1)
+POSITIVE, COUNT = ('> 0', lambda x: 0 < x < math.inf), ('>= 1', lambda x: x >= 1)  # NaN fails each
 VALID = dict(lr=POSITIVE, alpha=POSITIVE, mix_alpha=POSITIVE, epochs=COUNT, early_stop=COUNT,
              batch=COUNT, warmup_epochs=('>= 0', lambda x: x >= 0),
              beta=('in [0.5, 1]', lambda x: 0.5 <= x <= 1),
@@ -104,7 +104,7 @@ def parse(argv=None):
     tiny = TINY if given.get('model', demo.get('model')) == 'tiny' else {}
     vars(args).update({**DEFAULTS, **tiny, **demo, **given})
     for key, (want, ok) in VALID.items():
-        if not (math.isfinite(value := getattr(args, key)) and ok(value)):
+        if not ok(value := getattr(args, key)):
             p.error(f'argument --{key.replace("_", "-")}: must be {want}, got {value}')
     if args.resume and args.overwrite:
         p.error('--resume and --overwrite exclude each other')
