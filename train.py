@@ -203,9 +203,8 @@ def evaluate_dev(run, epoch, loss, lam, seconds):
             'dev_seconds': round(dev_seconds, 2),
             'samples_per_s': round(len(run.tokens['train']) / seconds, 1)}
     if lam is not None:
-        q = [0, 5, 25, 50, 75, 95, 100]
-        line['lambda'] = {'mean': float(lam.mean()), 'quantiles': dict(
-            zip(map(str, q), np.quantile(lam, np.array(q) / 100).tolist()))}
+        quantiles = {str(p): float(np.quantile(lam, p / 100)) for p in (0, 5, 25, 50, 75, 95, 100)}
+        line['lambda'] = {'mean': float(lam.mean()), 'quantiles': quantiles}
     tqdm.write(f"epoch {epoch:3d}  loss {loss:.4f}  dev micro-F1 {100 * dev['micro_f1']:.2f}  "
                f"macro-F1 {100 * dev['macro_f1']:.2f}  {seconds:.1f} s + dev {dev_seconds:.1f}"
                ' s' + (f'  mixup, mean lambda {lam.mean():.3f}' if lam is not None else ''))
