@@ -256,19 +256,20 @@ def test(run, started):
     """The best-dev checkpoint's test figures, as evaluate.py computes them, and where the run came
     from (runs.provenance); the line ends with the run's time since `started`. A run whose best dev
     macro-F1 is 0 learned nothing (it stopped too soon?): an error names what stopped it."""
-    best, _, meta = runs.load_checkpoint(os.path.join(run.folder.path, 'best'), run.args.device)
+    args = run.args
+    best, _, meta = runs.load_checkpoint(os.path.join(run.folder.path, 'best'), args.device)
     r = {**evaluate.report(lhmix.score_documents(best, run.tokens['test']) > 0, run.gold['test'],
                            best.hierarchy, run.train_labels),
-         'best_epoch': meta['epoch'], 'checkpoint': os.path.join(run.args.out, 'best'),
-         'args': run.meta['args'], 'provenance': runs.provenance(run.args.device, run.meta['data'])}
+         'best_epoch': meta['epoch'], 'checkpoint': os.path.join(args.out, 'best'),
+         'args': run.meta['args'], 'provenance': runs.provenance(args.device, run.meta['data'])}
     runs.write_whole(os.path.join(run.folder.path, runs.TEST_METRICS), json.dumps(r, indent=1))
     print(f"test micro-F1 {100 * r['micro_f1']:.2f}  macro-F1 {100 * r['macro_f1']:.2f}  (best dev "
-          f"epoch {meta['epoch']}, {run.args.out}; {time.time() - started:.0f} s in all)")
+          f"epoch {meta['epoch']}, {args.out}; {time.time() - started:.0f} s in all)")
     if not any(h['dev_macro_f1'] for h in run.history):
         # Early stopping is named even at the last epoch: more epochs would end at once.
-        a = run.args
-        flag, n = (('--early-stop', a.early_stop) if runs.since_best(run.history) >= a.early_stop
-                   else ('--epochs', a.epochs))
+        flag, n = '--epochs', args.epochs
+        if runs.since_best(run.history) >= args.early_stop:
+            flag, n = '--early-stop', args.early_stop
         raise ValueError(f'{flag} {n} ended the run at dev macro-F1 0: try a larger {flag} or --lr')
 
 
