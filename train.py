@@ -62,6 +62,10 @@ SPREAD = 0.01  # LH-Mix's ratios closer than this to one another are as one rati
 CONTROL = ('out', 'device', 'resume', 'overwrite', 'no_cuda_graphs')  # Not the run's settings.
 
 
+def note(line):  # Warnings and notes go to stderr, apart from the run's lines on stdout.
+    print(line, file=sys.stderr)
+
+
 def parse(argv=None):
     """Return the arguments, and those that the command line gave. A setting not given is DEMO's
     with --data demo, TINY's with --model tiny, else DEFAULTS'; each number is checked (VALID)."""
@@ -122,8 +126,7 @@ def prepare(args, given, folder):
         saved = {**last['args'], 'epochs': given.get('epochs', last['args']['epochs'])}
         state = {k: last[k] for k in state}
         for k in [k for k in given if k in saved and given[k] != saved[k]]:  # never --epochs
-            print(f'--resume: the run keeps its --{k.replace("_", "-")} {saved[k]} '
-                  f'(not {given[k]})', file=sys.stderr)
+            note(f'--resume: the run keeps its --{k.replace("_", "-")} {saved[k]} (not {given[k]})')
         vars(args).update(saved)
     torch.manual_seed(args.seed)
     hierarchy, splits = data.load_data(args.data, args.data_dir)
@@ -138,8 +141,8 @@ def prepare(args, given, folder):
         seen = {k: set().union(*ls) for k, ls in gold.items()}
         unseen = [hierarchy.labels[v] for v in sorted((seen['dev'] | seen['test']) - seen['train'])]
         if unseen:  # Scored all the same, they weigh on macro-F1 as any other label.
-            print(f'warning: labels in dev or test but in no training document: {len(unseen)} '
-                  f'({", ".join(unseen[:5] + ["..."] * (len(unseen) > 5))})', file=sys.stderr)
+            note(f'warning: labels in dev or test but in no training document: {len(unseen)} '
+                 f'({", ".join(unseen[:5] + ["..."] * (len(unseen) > 5))})')
         mlm, tokenizer = (lhmix.tiny_bert([t for t, _ in used['train']] + hierarchy.names)
                           if args.model == 'tiny' else lhmix.load_pretrained(args.model))
         model = lhmix.build_model(mlm, tokenizer, hierarchy, args.arch, args.max_length)
@@ -216,8 +219,8 @@ def fit(run):
     are encoded first, once, by the encoder as it starts (Sec. 4.1)."""
     args, model, extra = run.args, run.model, run.extra
     if args.mix != 'none' and args.epochs <= args.warmup_epochs:
-        print(f'warning: --epochs {args.epochs} <= --warmup-epochs {args.warmup_epochs}: '
-              'Mixup never starts', file=sys.stderr)
+        note(f'warning: --epochs {args.epochs} <= --warmup-epochs {args.warmup_epochs}: '
+             'Mixup never starts')
     if args.mix == 'lhmix':
         if 'table' not in extra:
             extra['table'], extra['hierarchy_ids'] = lhmix.local_hierarchy_table(
@@ -229,9 +232,8 @@ def fit(run):
         t = extra['table']
         lam = lhmix.mixup_ratio(lhmix.hierarchy_similarity(t, t.roll(1, 0)), args.alpha, args.beta)
         if len(t) > 1 and args.beta > 0.5 and lam.max() - lam.min() < SPREAD:
-            print(f'warning: LH-Mix here mixes every pair at {lam.mean():.2g}, because the initial '
-                  'encoder sees the local hierarchies alike; use a pretrained masked LM',
-                  file=sys.stderr)
+            note(f'warning: LH-Mix here mixes every pair at {lam.mean():.2g}, because the initial '
+                 'encoder sees the local hierarchies alike; use a pretrained masked LM')
     graphed = speed.use_cuda_graphs(args.device, model, args.no_cuda_graphs)
     opt, scaler = speed.make_optimizer(model, args.lr, graphed, run.adam)
     step = functools.partial(train_step, model, opt, scaler)
@@ -280,8 +282,7 @@ def train(args, given):
         run = prepare(args, given, folder)  # at --resume, args become the run's
         if ((len(run.history) >= args.epochs or runs.since_best(run.history) >= args.early_stop)
                 and os.path.exists(os.path.join(folder.path, runs.TEST_METRICS))):
-            print(f'--resume: {args.out} is finished ({len(run.history)} epochs); nothing to do',
-                  file=sys.stderr)
+            note(f'--resume: {args.out} is finished ({len(run.history)} epochs); nothing to do')
             return
         try:
             fit(run)
