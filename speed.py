@@ -73,8 +73,8 @@ def train_batches(lengths, batch_size, rng, mixing):
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def epoch_batches(model, tokens, labels, batch_size, rng, device, mlm_rate=0.0, mixing=False,
-                  graphed=False, hierarchy_ids=None, mix_alpha=None):
+def epoch_batches(model, tokens, labels, batch_size, rng, device, mlm_rate, mixing, graphed,
+                  hierarchy_ids=None, mix_alpha=None):
     """Yield an epoch's batches (train_batches'), each whole and on `device`: lhmix.make_batch's,
     while mixing with their partners and LH-Mix's `hierarchy_ids` (all documents'), else vanilla
     Mixup's ratios (`mix_alpha`). For CUDA graphs, Mixup's random batches are packed into one row
