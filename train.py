@@ -66,7 +66,7 @@ def note(line):  # Warnings and notes go to stderr, apart from the run's lines o
     print(line, file=sys.stderr)
 
 
-def parse(argv=None):
+def parse(argv):
     """Return the arguments, and those that the command line gave. A setting not given is DEMO's
     with --data demo, TINY's with --model tiny, else DEFAULTS'; each number is checked (VALID)."""
     p = runs.parser(__doc__)
