@@ -50,8 +50,8 @@ DEFAULTS = dict(
 # waits longer: an epoch is a few steps, and dev macro-F1 can stay 0 for over 5 epochs.
 TINY = dict(lr=1e-3, warmup_epochs=4, max_length=128, early_stop=20)
 DEMO = dict(model='tiny', epochs=12)
-# What each number may be, which -h shows and parse() checks (lhmix checks --max-length).
-POSITIVE, COUNT = ('> 0', lambda x: 0 < x < math.inf), ('>= 1', lambda x: x >= 1)  # NaN fails each
+# Each number's range, shown by -h, checked by parse() (NaN fails each; lhmix checks --max-length).
+POSITIVE, COUNT = ('> 0', lambda x: 0 < x < math.inf), ('>= 1', lambda x: x >= 1)
 VALID = dict(lr=POSITIVE, alpha=POSITIVE, mix_alpha=POSITIVE, epochs=COUNT, early_stop=COUNT,
              batch=COUNT, warmup_epochs=('>= 0', lambda x: x >= 0),
              beta=('in [0.5, 1]', lambda x: 0.5 <= x <= 1),
@@ -125,7 +125,7 @@ def prepare(args, given, folder):
         model, tokenizer, last = folder.load_last()
         saved = {**last['args'], 'epochs': given.get('epochs', last['args']['epochs'])}
         state = {k: last[k] for k in state}
-        for k in [k for k in given if k in saved and given[k] != saved[k]]:  # never --epochs
+        for k in [k for k in given if k in saved and given[k] != saved[k]]:
             note(f'--resume: the run keeps its --{k.replace("_", "-")} {saved[k]} (not {given[k]})')
         vars(args).update(saved)
     torch.manual_seed(args.seed)
