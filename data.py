@@ -8,6 +8,7 @@ import re
 import sys
 import zipfile
 from collections import Counter
+from os.path import exists, join
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
@@ -150,14 +151,13 @@ def load_wos(folder):
     """Return WOS-46985 as HPT builds it, from Data.txt, Data.xlsx or WebOfScience.zip
     (downloaded if none is there): clean_str(Abstract), labels Domain -> area, numbered as
     data_wos.py does (domains, then areas, by first appearance)."""
-    txt, xlsx, archive = (os.path.join(folder, f) for f in
-                          ('Data.txt', 'Data.xlsx', 'WebOfScience.zip'))
-    if os.path.exists(txt):
+    txt, xlsx, archive = (join(folder, f) for f in ('Data.txt', 'Data.xlsx', 'WebOfScience.zip'))
+    if exists(txt):
         source, rows = txt, [(n, line.split('\t')) for n, line in read_lines(txt, False)]
-    elif os.path.exists(xlsx):
+    elif exists(xlsx):
         source, rows = xlsx, _xlsx_rows(Path(xlsx).read_bytes())
     else:
-        if not os.path.exists(archive):
+        if not exists(archive):
             _download_wos(archive)
         source, blob = _data_xlsx(Path(archive).read_bytes(), archive)
         rows = _xlsx_rows(blob)
@@ -221,12 +221,12 @@ def load_hiagm(folder):
         got = [f for f in got if f.startswith(own)] or got
         if len(got) != 1:
             raise ValueError(f'{folder}: expected one *{" or *".join(ends)}, found {got or "none"}')
-        return os.path.join(folder, got[0])
+        return join(folder, got[0])
 
     taxonomy = one('.taxonomy', '.taxnomy')
     parents, lines = read_taxonomy(taxonomy)
-    ids_file = os.path.join(folder, 'value_dict.pt')
-    value_dict = _load_value_dict(ids_file) if os.path.exists(ids_file) else {}
+    ids_file = join(folder, 'value_dict.pt')
+    value_dict = _load_value_dict(ids_file) if exists(ids_file) else {}
     raw = {}
     why = f'not a label of {taxonomy}' + (f' nor an id in {ids_file}' if value_dict else '')
     for split in SPLITS:
@@ -286,14 +286,14 @@ def label_names(folder, parents):
     code looks them up by the lower-cased code) and from label_names.tsv (code<TAB>name), which
     wins."""
     names, code = {}, {v.lower(): v for v in parents}
-    topics, tsv = os.path.join(folder, RCV1_TOPICS), os.path.join(folder, 'label_names.tsv')
-    for n, t in read_lines(topics, False) if os.path.exists(topics) else []:
+    topics, tsv = join(folder, RCV1_TOPICS), join(folder, 'label_names.tsv')
+    for n, t in read_lines(topics, False) if exists(topics) else []:
         m = re.fullmatch(r'parent:\s*\S+\s+child:\s*(\S+)\s+child-description:\s*(.+)', t.strip())
         if not m:
             raise ValueError(f'{topics}:{n}: expected parent: P child: C child-description: TEXT')
         if m[1].lower() in code:
             names[code[m[1].lower()]] = m[2].lower()
-    for n, line in read_lines(tsv, False) if os.path.exists(tsv) else []:
+    for n, line in read_lines(tsv, False) if exists(tsv) else []:
         label, _, name = line.partition('\t')
         if not name.strip():
             raise ValueError(f'{tsv}:{n}: expected code<TAB>name')
@@ -354,7 +354,7 @@ def load_data(name, data_dir=None):
     named = name in ('wos', 'nyt', 'rcv1')
     if not (data_dir or named or os.path.isdir(name)):
         raise ValueError(f'--data {name}: not wos, nyt, rcv1, demo or a folder')
-    source = data_dir or (os.path.join('data', name) if named else name)
+    source = data_dir or (join('data', name) if named else name)
     hierarchy, splits = load_wos(source) if name == 'wos' else load_hiagm(source)
     counts = [f'{s} {sum(not t.strip() for t, _ in docs)} empty texts, '
               f'{sum(not ls for _, ls in docs)} without labels'
@@ -362,7 +362,7 @@ def load_data(name, data_dir=None):
     if counts:
         print(f'warning: {source}: {"; ".join(counts)} (kept)', file=sys.stderr)
     if name == 'rcv1' and not any(
-            os.path.exists(os.path.join(source, f)) for f in (RCV1_TOPICS, 'label_names.tsv')):
+            exists(join(source, f)) for f in (RCV1_TOPICS, 'label_names.tsv')):
         print(f'warning: {source} has no {RCV1_TOPICS}: the verbalizer reads the topic codes, not '
               'their descriptions (README: Reproducing)', file=sys.stderr)
     return hierarchy, splits

@@ -5,9 +5,9 @@ new texts with it (a JSON line per input line).
     echo "quantum optics" | python evaluate.py --ckpt out/demo-prompt-lhmix-s0/best --texts -
 """
 import json
-import os
 import sys
 import time
+from os.path import abspath, basename, commonpath, dirname, lexists, realpath
 
 import numpy as np
 
@@ -85,13 +85,13 @@ def save_predictions(path, hierarchy, predicted):
 def check_output(path, flag, ckpt, start):
     """Refuses, before anything is computed, to write `path` into the checkpoint being read, over
     a run's figures, where no folder can be made, or over a file not beginning with `start`."""
-    folder = os.path.realpath(ckpt)
+    folder = realpath(ckpt)
     why = (f'is inside the checkpoint {ckpt} being read'
-           if os.path.commonpath([os.path.realpath(path), folder]) == folder
+           if commonpath([realpath(path), folder]) == folder
            else "is a train.py run's own file"
-           if os.path.basename(path) in (runs.METRICS, runs.TEST_METRICS)
-           else runs.unwritable(os.path.dirname(os.path.abspath(path))))
-    if not why and os.path.lexists(path):
+           if basename(path) in (runs.METRICS, runs.TEST_METRICS)
+           else runs.unwritable(dirname(abspath(path))))
+    if not why and lexists(path):
         with open(path, 'rb') as f:  # If it is a folder, the OS says so.
             if f.read(len(start)) != start.encode():
                 why = f'exists and is not an earlier {flag} file (remove it or choose another name)'
@@ -147,8 +147,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.texts and args.out:  # F1 needs gold labels, which texts do not have.
         p.error('--out (F1 figures) needs --data: texts have no gold labels')
-    if args.out and args.save_predictions and (
-            os.path.realpath(args.out) == os.path.realpath(args.save_predictions)):
+    if args.out and args.save_predictions and realpath(args.out) == realpath(args.save_predictions):
         p.error(f'--out and --save-predictions name one file: {args.out}')
     runs.exit_on_error(evaluate, args)
 

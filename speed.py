@@ -105,8 +105,8 @@ def pack_row(batch, pad_id, first=0):
         row['mlm_pos'] = (mask.flatten().cumsum(0) - 1)[batch['mlm_pos']]
     ids = F.pad(batch['input_ids'][mask], (0, T - n), value=pad_id)[None]
     pos = F.pad(mask.cumsum(1)[mask] - 1 + first, (0, T - n))[None]
-    return {**row, **dict(input_ids=ids, position_ids=pos, token_type_ids=torch.zeros_like(ids),
-                          cu_seq_lens_q=F.pad(ends, (0, 1), value=T), starts=ends[:-1])}
+    return dict(row, input_ids=ids, position_ids=pos, token_type_ids=torch.zeros_like(ids),
+                cu_seq_lens_q=F.pad(ends, (0, 1), value=T), starts=ends[:-1])
 
 
 def pad_for_graphs(batch, rate):
