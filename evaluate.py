@@ -107,7 +107,8 @@ def evaluate(args):
     if args.texts:
         model, tokenizer, _ = runs.load_checkpoint(args.ckpt, args.device)
         out = classify(model, tokenizer, [line for _, line in data.read_lines(args.texts)])
-        h = model.hierarchy  # Predictions saved before printing, which a closed pipe would end.
+        h = model.hierarchy
+        # Saved before printing, which a closed pipe would end.
         save_predictions(args.save_predictions, h, [[h.index[v] for v in r['labels']] for r in out])
         for r in out:
             print(json.dumps(r, ensure_ascii=False))

@@ -369,7 +369,7 @@ def device(name):
     import torch
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     # Torch would refuse a GPU past the last only once the data is read.
-    if not re.fullmatch(r'cpu|cuda(:\d+)?', name) or name != 'cpu' and int(name[5:] or 0) >= n:
+    if not re.fullmatch(r'cpu|cuda(:\d+)?', name) or (name != 'cpu' and int(name[5:] or 0) >= n):
         raise argparse.ArgumentTypeError(f'{name}: only cpu' + (
             f', cuda or cuda:N with N < {n}' if n else ' (no CUDA GPU here)'))
     return torch.device(name)
