@@ -323,8 +323,8 @@ business/finance/markets business/retail'''  # The path of each leaf.
 
 
 def load_demo(seed=0, sizes=(1200, 300, 300)):
-    """Return the demo's tree and splits: documents of words from their topics' lists and a
-    shared background; one in five has two paths."""
+    """Return the demo's tree and splits: documents of 20 to 49 words from their topics' lists
+    and a shared background; one in five has two paths."""
     leaves = [path.split('/') for path in DEMO_LEAVES.split()]
     h = Hierarchy({v: p for path in leaves for p, v in zip([None] + path, path)})
     words = [[v] + [v + c for c in 'abcdefg'] for v in h.labels]  # by label id

@@ -583,7 +583,9 @@ def test_mlm_masking_selects_15_percent_of_text_then_80_10_10():
     for got, p, total in ((n, 0.15, len(words)), (masked, 0.8, n),
                           (kept, 0.1 + 0.1 * p_same, n), (other, 0.1 * (1 - p_same), n)):
         assert abs(got - p * total) < 5 * math.sqrt(total * p * (1 - p)), (got, p, total)
-    assert set(ids[pos][(ids[pos] != 4) & (ids[pos] != gold)].tolist()) <= set(words.tolist())
+    replaced = set(ids[pos][(ids[pos] != 4) & (ids[pos] != gold)].tolist())
+    # drawn from all the texts: not from the first text's 200 word-pieces alone
+    assert replaced <= set(words.tolist()) and not replaced <= set(texts[0].tolist())
 
 
 @pytest.mark.parametrize('device, bf16, want', [('cpu', True, None), ('cuda', True, torch.bfloat16),

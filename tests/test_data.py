@@ -528,3 +528,21 @@ def test_a_training_fraction_keeps_the_ceiling_of_its_share_float_error_aside(fr
     """Fig. 4's --train-fraction keeps ceil(fraction * 1200) of 1200 training documents, by hand:
     0.07 keeps 84 (in floats 0.07 * 1200 is 84.00000000000001), 0.001 keeps 2 (of 1.2)."""
     assert len(data.train_part(list(range(1200)), fraction, 0)) == kept
+
+
+# The demo
+
+def test_the_demo_is_its_tree_and_documents_as_the_readme_and_docstring_say():
+    """23 labels of depth 3 (README: Quick start); 1200, 300 and 300 documents of 20 to 49 words,
+    each word a topic's (its label or the label and a letter a-g) or common0 to common59; each
+    document on one leaf's path or, about one in five, two under different top-level topics."""
+    h, splits = data.load_demo()
+    assert (len(h), h.num_depths, [len(d) for d in splits.values()]) == (23, 3, [1200, 300, 300])
+    docs = [d for split in splits.values() for d in split]
+    assert {len(t.split()) for t, _ in docs} == set(range(20, 50))
+    for text, labels in docs:
+        words = {f'common{i}' for i in range(60)} | {h.labels[v] + c for v in labels
+                                                     for c in ['', *'abcdefg']}
+        assert set(text.split()) <= words and labels == h.closure(labels)
+    tops = [len({h.path(v)[0] for v in labels}) for _, labels in docs]
+    assert set(tops) == {1, 2} and abs(tops.count(2) - 0.2 * len(docs)) < 5 * (0.16 * 1800) ** 0.5

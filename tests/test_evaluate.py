@@ -82,6 +82,19 @@ def test_evaluate_reproduces_test_metrics_and_rescores_its_predictions(run, tmp_
     assert capsys.readouterr().out.splitlines()[1].startswith('dev: micro-F1 ')
 
 
+def test_saved_predictions_follow_the_splits_document_order(run, tmp_path, monkeypatch):
+    """--data's --save-predictions: line i holds document i's predicted labels. The scores are
+    made to predict label i mod V for the i-th document that evaluate.py scores."""
+    h, splits = data.load_demo()
+    V, p = len(h), tmp_path / 'p.jsonl'
+    monkeypatch.setattr(lhmix, 'score_documents', lambda model, tokens: np.where(
+        np.arange(V) == np.arange(len(tokens))[:, None] % V, 1.0, -1.0))
+    evaluate.main(['--ckpt', str(run / 'best'), '--data', 'demo', '--device', 'cpu',
+                   '--save-predictions', str(p)])
+    assert [json.loads(x) for x in p.read_text().splitlines()] == [
+        {'labels': [h.labels[i % V]]} for i in range(len(splits['test']))]
+
+
 # What evaluate.py prints: the report's lines, --save-predictions' lines, --texts' JSON lines
 
 PREDICTED = ['science', 'physics', 'optics', 'arts']  # in the demo tree's order
@@ -234,6 +247,16 @@ def test_flag_mistakes_end_in_argparse_usage_and_one_error_line(tmp_path, monkey
 
 
 # --texts: one JSON line per input line
+def test_a_score_of_exactly_0_is_no_prediction(monkeypatch):
+    """Sec. 3: a label is predicted where its score is > 0; at 0 it is not."""
+    h = lhmix.Hierarchy(PARENTS)
+    model, tok = tiny_model(h)
+    scores = np.zeros((1, len(h)), np.float32)
+    scores[0, 0] = 1e-30  # Sci, the root's child, alone above 0
+    monkeypatch.setattr(lhmix, 'score_documents', lambda model, tokens: scores)
+    assert evaluate.classify(model, tok, ['a text'])[0]['labels'] == [h.labels[0]]
+
+
 def test_texts_one_json_line_per_input_line(tmp_path, capsys):
     h = lhmix.Hierarchy(PARENTS)
     torch.manual_seed(4)

@@ -83,6 +83,7 @@ def test_metrics_and_resume_agree(demo_run):
         assert 12 / (m['seconds'] + 0.005) - 0.05 <= m['samples_per_s'] <= 12 / max(
             m['seconds'] - 0.005, 1e-9) + 0.05
     lam = metrics[1]['lambda']['quantiles']
+    assert list(lam) == ['0', '5', '25', '50', '75', '95', '100']  # percent
     assert 0.5 <= lam['0'] <= lam['50'] <= lam['100'] <= 0.75  # Eq. 4 with beta 0.75
     _, test = results(out)
     best = max(m['dev_macro_f1'] for m in metrics)
@@ -421,8 +422,8 @@ def test_a_gpu_past_the_last_refused_before_the_data_is_read(tmp_path, monkeypat
                 main(['--data', 'demo', '--device', f'cuda:{index}', *argv])
             assert e.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(
                 f'argument --device: cuda:{index}: only cpu, cuda or cuda:N with N < 4')
-    assert train.parse(['--data', 'demo', '--device', 'cuda:3'])[0].device == torch.device(
-        'cuda:3')
+    for name in ('cuda:3', 'cuda'):
+        assert train.parse(['--data', 'demo', '--device', name])[0].device == torch.device(name)
     assert os.listdir(tmp_path) == []
 
 
@@ -520,10 +521,11 @@ def test_resume_keeps_the_runs_epochs_and_arguments_and_says_so(base_run, tmp_pa
     assert [m['epoch'] for m in read_metrics(done)] == [0, 1]
     out = shutil.copytree(run, tmp_path / 'run')
     train.main(['--data', 'demo', '--model', 'bert-base-uncased', '--lr', '0.5', '--device', 'cpu',
-                '--data-dir', str(tmp_path), '--out', str(out) + '/', '--resume'])
+                '--data-dir', str(tmp_path), '--seed', '3', '--out', str(out) + '/', '--resume'])
     err = capsys.readouterr().err
     assert '--resume: the run keeps its --model tiny (not bert-base-uncased)' in err
     assert '--resume: the run keeps its --lr 0.001 (not 0.5)' in err
+    assert '--resume: the run keeps its --seed 0 (not 3)' in err
     assert f'--resume: the run keeps its --data-dir None (not {tmp_path})' in err
     assert results(out) == results(done)
     before = tree_state(out)  # a finished run resumed: said, nothing changed
