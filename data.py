@@ -373,5 +373,6 @@ def train_part(docs, fraction, seed):
     drawn with `seed`, in their order."""
     keep = np.random.default_rng(seed).permutation(len(docs))
     # The count is rounded up, after rounding off float error: 0.07 * 1200 is 84.00000000000001.
-    n = math.ceil(round(fraction * len(keep), 9))
+    # The ceiling of a share > 0 is at least 1, which that rounding would lose for a tiny one.
+    n = max(1, math.ceil(round(fraction * len(keep), 9)))
     return [docs[i] for i in sorted(keep[:n])]

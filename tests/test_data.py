@@ -523,10 +523,12 @@ def test_an_id_shared_by_a_top_level_label_and_a_deeper_one_on_its_own_is_the_to
     assert splits == {'train': [('a', [1]), ('b', [1])], 'dev': [('c', [1])], 'test': [('d', [0])]}
 
 
-@pytest.mark.parametrize('fraction, kept', [(0.07, 84), (0.001, 2), (0.5, 600), (1.0, 1200)])
+@pytest.mark.parametrize('fraction, kept', [(0.07, 84), (0.001, 2), (0.5, 600), (1.0, 1200),
+                                             (1e-13, 1)])
 def test_a_training_fraction_keeps_the_ceiling_of_its_share_float_error_aside(fraction, kept):
     """Fig. 4's --train-fraction keeps ceil(fraction * 1200) of 1200 training documents, by hand:
-    0.07 keeps 84 (in floats 0.07 * 1200 is 84.00000000000001), 0.001 keeps 2 (of 1.2)."""
+    0.07 keeps 84 (in floats 0.07 * 1200 is 84.00000000000001), 0.001 keeps 2 (of 1.2), 1e-13
+    keeps 1 (of 1.2e-10)."""
     assert len(data.train_part(list(range(1200)), fraction, 0)) == kept
 
 
