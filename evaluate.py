@@ -86,11 +86,12 @@ def check_output(path, flag, ckpt, start):
     """Refuses, before anything is computed, to write `path` into the checkpoint being read, over
     a run's figures, where no folder can be made, or over a file not beginning with `start`."""
     folder = realpath(ckpt)
-    why = (f'is inside the checkpoint {ckpt} being read'
-           if commonpath([realpath(path), folder]) == folder
-           else "is a train.py run's own file"
-           if basename(path) in (runs.METRICS, runs.TEST_METRICS)
-           else runs.unwritable(dirname(abspath(path))))
+    if commonpath([realpath(path), folder]) == folder:
+        why = f'is inside the checkpoint {ckpt} being read'
+    elif basename(path) in (runs.METRICS, runs.TEST_METRICS):
+        why = "is a train.py run's own file"
+    else:
+        why = runs.unwritable(dirname(abspath(path)))
     if not why and lexists(path):
         with open(path, 'rb') as f:  # If it is a folder, the OS says so.
             if f.read(len(start)) != start.encode():
