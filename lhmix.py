@@ -506,7 +506,7 @@ def make_batch(model, token_ids, labels, rng=None, mlm_rate=0.0, partner=None,
     if (mlm_rate > 0 or mix_alpha) and rng is None:
         raise ValueError('mlm_rate > 0 and mix_alpha draw: give rng=numpy.random.default_rng(seed)')
     seqs = [np.concatenate([model.prefix, t, [model.special['sep']]]) for t in token_ids]  # @prompt
-    batch = pad_rows(seqs, model.special['pad'], 16 if next(model.parameters()).is_cuda else 8)
+    batch = pad_rows(seqs, model.special['pad'], 16 if model.mlm.device.type == 'cuda' else 8)
     batch['targets'] = torch.zeros(len(token_ids), len(model.hierarchy), dtype=torch.bool)
     for b, ls in enumerate(labels):
         batch['targets'][b, model.hierarchy.closure(ls)] = True

@@ -419,6 +419,8 @@ def test_template_embeddings_batch_layout_and_mlm_masks_only_text(tiny):
     assert b['attention_mask'].tolist() == [[1] * len(r) + [0] * (T - len(r)) for r in rows]
     assert b['starts'].tolist() == [0, 16, 32] and 'position_ids' not in b
     assert b['targets'].tolist() == [[1, 0, 1, 0, 0, 0], [0, 1, 0, 0, 0, 0], [1, 0, 0, 1, 0, 0]]
+    long = lhmix.make_batch(model, [np.arange(5, 13)], [[0]])  # 8 + 8 + 1 = 17 tokens
+    assert long['input_ids'].shape == (1, 24)  # on the CPU a multiple of 8 (on a GPU, 16: 32)
     # MLM: masks drawn in the texts only
     rng = np.random.default_rng(0)
     texts = [rng.integers(5, len(tok), n) for n in [150] + list(rng.integers(1, 12, 60))]

@@ -1083,6 +1083,7 @@ def test_a_weight_a_step_leaves_unused_moves_as_with_gradient_0():
     torch.manual_seed(0)
     model, _ = tiny_model(lhmix.Hierarchy(PARENTS))
     opt, scaler = speed.make_optimizer(model, 1e-3, capturable=False)
+    assert not opt.defaults['fused'] and not scaler.is_enabled()  # the CPU's: plain Adam, no scale
     docs = [np.arange(5, 25), np.arange(7, 19)]
     bias = model.mlm.get_output_embeddings().bias
     train.train_step(model, opt, scaler, lhmix.make_batch(
