@@ -132,7 +132,7 @@ def to_device(batch, device):
 def make_optimizer(model, lr, capturable, state=None):
     """Return (Adam, its loss scaler), continuing from Adam's `state` when one is given. On a GPU
     Adam is fused; `capturable` keeps its step count on the GPU, as a CUDA graph needs."""
-    cuda = model.mlm.device.type == 'cuda'
+    cuda = next(model.parameters()).is_cuda
     opt = torch.optim.Adam(model.parameters(), lr=lr, fused=cuda, capturable=capturable)
     opt.load_state_dict({'state': state or {}, 'param_groups': opt.state_dict()['param_groups']})
     # fp16 (a GPU without bf16) needs its loss scaled; the scale starts afresh at --resume.
